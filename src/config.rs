@@ -1,0 +1,394 @@
+//! Settings: what the command line and the environment say, validated once.
+//!
+//! clap only collects raw strings (see `cli.rs`); everything is checked here so that a bad setting
+//! produces one line that names both the flag and the environment variable.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A setting that is wrong or missing. The binary prints it on one line and exits with status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {problem}")]
+pub struct ConfigError {
+    /// The flag and environment variable, e.g. `--store-id (FGA_STORE_ID)`.
+    pub setting: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(setting: &str, problem: impl Into<String>) -> Self {
+        ConfigError {
+            setting: setting.to_owned(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// A string that must never reach a log line: its `Debug` and `Display` print `[redacted]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// The outbox table's name: a plain, lower-case SQL identifier, also used as the NOTIFY channel
+/// and as the prefix of the objects `migrate` creates (`<table>_notify`, `<table>_pending_idx`,
+/// `<table>_leader`). A schema is chosen with the connection's `search_path`, not here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableName(String);
+
+/// Longest table name: leaves room for the longest suffix (`_pending_idx`) within PostgreSQL's
+/// 63-byte identifiers.
+const MAX_TABLE_NAME: usize = 48;
+
+impl TableName {
+    pub fn parse(s: &str) -> Result<TableName, ConfigError> {
+        let setting = "--table (FGA_OUTBOX_TABLE)";
+        let ok_start = s
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+        let ok_rest = s
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !ok_start || !ok_rest {
+            return Err(ConfigError::new(
+                setting,
+                format!(
+                    "{s:?} is not a plain lower-case SQL identifier (letters, digits and _; \
+                     choose the schema with search_path in DATABASE_URL)"
+                ),
+            ));
+        }
+        if s.len() > MAX_TABLE_NAME {
+            return Err(ConfigError::new(
+                setting,
+                format!("{s:?} is longer than {MAX_TABLE_NAME} characters"),
+            ));
+        }
+        Ok(TableName(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for TableName {
+    fn default() -> Self {
+        TableName("fga_outbox".to_owned())
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where the relay's PostgreSQL is and which outbox table it serves.
+#[derive(Clone, Debug)]
+pub struct DbSettings {
+    /// The connection string, kept secret because it may carry a password.
+    pub url: Secret,
+    pub table: TableName,
+}
+
+/// How the relay proves who it is to OpenFGA.
+#[derive(Clone, Debug)]
+pub enum Auth {
+    None,
+    /// A preshared key, sent as `Authorization: Bearer <key>`.
+    ApiToken(Secret),
+    /// OAuth2 client credentials: a token fetched from the issuer and sent as a Bearer token.
+    ClientCredentials {
+        client_id: String,
+        client_secret: Secret,
+        token_issuer: reqwest::Url,
+        audience: Option<String>,
+    },
+}
+
+/// Which store the relay writes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreRef {
+    Id(String),
+    /// Resolved through ListStores at start.
+    Name(String),
+}
+
+/// Everything about talking to OpenFGA.
+#[derive(Clone, Debug)]
+pub struct FgaSettings {
+    pub api_url: reqwest::Url,
+    pub store: StoreRef,
+    pub model_id: Option<String>,
+    pub auth: Auth,
+    /// One request's limit; past it the attempt counts as a transient failure.
+    pub request_timeout: Duration,
+    /// The server's `--max-tuples-per-write`.
+    pub max_tuples_per_write: usize,
+    /// Extra CA certificates (PEM) to trust for https.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// How the delivery loop behaves.
+#[derive(Clone, Debug)]
+pub struct DeliverySettings {
+    /// How often to drain even without a notification.
+    pub sweep_interval: Duration,
+    /// How often the dedicated connection is checked; a check that takes longer than this counts
+    /// the connection as dead.
+    pub heartbeat_interval: Duration,
+    /// Failed attempts, made while other rows were being delivered, after which a row that keeps
+    /// failing transiently is dead-lettered.
+    pub max_attempts: u32,
+    /// Rows claimed at a time.
+    pub batch_size: usize,
+}
+
+impl Default for DeliverySettings {
+    fn default() -> Self {
+        DeliverySettings {
+            sweep_interval: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            max_attempts: 10,
+            batch_size: 500,
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub fn parse(s: &str) -> Result<LogFormat, ConfigError> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(ConfigError::new(
+                "--log-format (FGA_RELAY_LOG_FORMAT)",
+                format!("{other:?} is neither \"text\" nor \"json\""),
+            )),
+        }
+    }
+}
+
+/// Parses a humantime duration (`30s`, `1m 30s`, `250ms`) for the named setting.
+pub fn parse_duration(setting: &str, s: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(s.trim()).map_err(|e| {
+        ConfigError::new(
+            setting,
+            format!("{s:?} is not a duration such as 30s or 1m ({e})"),
+        )
+    })
+}
+
+/// Parses a positive duration: zero makes no sense for intervals and timeouts.
+pub fn parse_positive_duration(setting: &str, s: &str) -> Result<Duration, ConfigError> {
+    let d = parse_duration(setting, s)?;
+    if d.is_zero() {
+        return Err(ConfigError::new(setting, "must be longer than zero"));
+    }
+    Ok(d)
+}
+
+/// Parses a whole number within `min..=max`.
+pub fn parse_count(setting: &str, s: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| ConfigError::new(setting, format!("{s:?} is not a whole number")))?;
+    if n < min || n > max {
+        return Err(ConfigError::new(
+            setting,
+            format!("{n} is outside {min}..={max}"),
+        ));
+    }
+    Ok(n)
+}
+
+/// Parses `--http-addr`: an address to listen on, or `off`.
+pub fn parse_http_addr(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    if s.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    s.trim().parse().map(Some).map_err(|_| {
+        ConfigError::new(
+            "--http-addr (FGA_RELAY_HTTP_ADDR)",
+            format!("{s:?} is not an address such as 127.0.0.1:9464, nor \"off\""),
+        )
+    })
+}
+
+/// Parses an http(s) URL for the named setting.
+pub fn parse_http_url(setting: &str, s: &str) -> Result<reqwest::Url, ConfigError> {
+    let url = reqwest::Url::parse(s.trim())
+        .map_err(|e| ConfigError::new(setting, format!("{s:?} is not a URL ({e})")))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(ConfigError::new(
+            setting,
+            format!("{s:?} must start with http:// or https://"),
+        ));
+    }
+    if url.host_str().is_none() {
+        return Err(ConfigError::new(setting, format!("{s:?} has no host")));
+    }
+    Ok(url)
+}
+
+/// OpenFGA's pattern for store and model ids: `^[ABCDEFGHJKMNPQRSTVWXYZ0-9]{26}$` (a ULID).
+pub fn check_ulid(setting: &str, s: &str) -> Result<String, ConfigError> {
+    let ok = s.len() == 26
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b.is_ascii_uppercase() && !b"ILOU".contains(&b)));
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(ConfigError::new(
+            setting,
+            format!("{s:?} is not an OpenFGA id (26 characters of 0-9 and A-Z without I, L, O, U)"),
+        ))
+    }
+}
+
+/// The connection string with any password replaced, for the startup log line.
+pub fn redact_database_url(url: &str) -> String {
+    if let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        let scheme = &url[..url.len() - rest.len()];
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let authority = match authority.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:[redacted]@{host}"),
+                None => format!("{userinfo}@{host}"),
+            },
+            None => authority.to_owned(),
+        };
+        let tail = redact_query_password(tail);
+        format!("{scheme}{authority}{tail}")
+    } else {
+        // key=value form
+        url.split_whitespace()
+            .map(|kv| {
+                if kv.starts_with("password=") {
+                    "password=[redacted]".to_owned()
+                } else {
+                    kv.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+fn redact_query_password(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_owned();
+    };
+    let query = query
+        .split('&')
+        .map(|kv| {
+            if kv.starts_with("password=") {
+                "password=[redacted]"
+            } else {
+                kv
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    format!("{path}?{query}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_must_be_plain_identifiers() {
+        assert!(TableName::parse("fga_outbox").is_ok());
+        assert!(TableName::parse("_x9").is_ok());
+        for bad in ["", "9x", "Fga", "a.b", "a-b", "a b", "x\"; drop table y"] {
+            let e = TableName::parse(bad).unwrap_err();
+            assert!(
+                e.to_string().starts_with("--table (FGA_OUTBOX_TABLE)"),
+                "{e}"
+            );
+        }
+        assert!(TableName::parse(&"a".repeat(49)).is_err());
+    }
+
+    #[test]
+    fn durations_name_the_setting() {
+        assert_eq!(
+            parse_duration("--sweep-interval", "1m 30s").unwrap(),
+            Duration::from_secs(90)
+        );
+        let e = parse_duration("--sweep-interval (FGA_RELAY_SWEEP_INTERVAL)", "soon").unwrap_err();
+        assert!(e.to_string().contains("FGA_RELAY_SWEEP_INTERVAL"), "{e}");
+        assert!(parse_positive_duration("--x", "0s").is_err());
+    }
+
+    #[test]
+    fn ids_follow_openfga_pattern() {
+        assert!(check_ulid("--store-id", "01ARZ3NDEKTSV4RRFFQ69G5FAV").is_ok());
+        assert!(check_ulid("--store-id", "01ARZ3NDEKTSV4RRFFQ69G5FAI").is_err());
+        assert!(check_ulid("--store-id", "short").is_err());
+        assert!(check_ulid("--store-id", "01arz3ndektsv4rrffq69g5fav").is_err());
+    }
+
+    #[test]
+    fn database_passwords_never_reach_logs() {
+        assert_eq!(
+            redact_database_url("postgres://app:s3cret@db:5432/app?sslmode=require"),
+            "postgres://app:[redacted]@db:5432/app?sslmode=require"
+        );
+        assert_eq!(
+            redact_database_url("postgresql://db/app?user=a&password=s3cret"),
+            "postgresql://db/app?user=a&password=[redacted]"
+        );
+        assert_eq!(
+            redact_database_url("host=/tmp user=a password=s3cret dbname=x"),
+            "host=/tmp user=a password=[redacted] dbname=x"
+        );
+        assert_eq!(format!("{:?}", Secret::new("tok")), "[redacted]");
+    }
+
+    #[test]
+    fn http_addr_can_be_off() {
+        assert_eq!(parse_http_addr("off").unwrap(), None);
+        assert!(parse_http_addr("127.0.0.1:9464").unwrap().is_some());
+        assert!(parse_http_addr("localhost").is_err());
+    }
+}

@@ -1,0 +1,625 @@
+//! Delivery: one pass over the pending rows, in id order, into as few Writes as OpenFGA allows,
+//! without ever reordering two operations on the same tuple.
+//!
+//! # The order rule
+//! Writes are sent one after another. A row is sent only if no earlier row that touches one of
+//! its tuples is still undelivered in this pass: every row that fails, is held back or is held by
+//! another session adds its tuples to the pass's *blocked* set, and every later row touching a
+//! blocked tuple is passed over (and blocks its own tuples in turn). Rows on other tuples go on.
+//! A pass always starts again from the lowest pending id, so a row passed over is looked at
+//! again, in order, by the next pass.
+//!
+//! # Failures
+//! - Transient, for a Write of several rows: the relay cannot tell an outage from one bad row,
+//!   so it backs off as a whole and the rows of that Write are next sent in Writes half as large.
+//!   When a smaller Write succeeds it was not an outage, and the halving finds the culprit.
+//! - Transient, for a row alone: if other Writes succeeded since its previous failure, that is a
+//!   *strike*: the row is held with its own backoff while the others flow, and after
+//!   `max_attempts` strikes it is dead-lettered. Otherwise it looks like an outage: the whole
+//!   relay backs off and nothing counts toward dead-lettering.
+//! - Permanent for one operation (`Invalid tuple …`, a condition conflict): that row is
+//!   dead-lettered with OpenFGA's message; the rest of the Write is sent again without it.
+//! - Already applied (an older OpenFGA's answer to a duplicate write or missing delete): that
+//!   operation counts as done.
+//! - Configuration (auth, store, model, garbage answers): loud error, the whole relay backs off,
+//!   nothing is dead-lettered.
+//!
+//! Every failed attempt updates `attempts` and `last_error` of the rows concerned.
+
+use crate::backoff::Backoff;
+use crate::config::DeliverySettings;
+use crate::metrics::Metrics;
+use crate::openfga::{FgaClient, WriteError};
+use crate::payload::{Op, Payload, TupleKey};
+use crate::store::{ClaimedRow, Store, StoreError};
+use deadpool_postgres::GenericClient;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tracing::{debug, error, warn};
+
+/// Backoff of the whole relay after a failure that looks like an outage. Capped low so that
+/// delivery resumes within a couple of seconds of OpenFGA coming back.
+pub const OUTAGE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+/// Backoff of the whole relay after a configuration error: only the operator can fix it, so
+/// retry slowly and keep the logs readable.
+pub const CONFIG_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+/// Backoff of one row that keeps failing while others are delivered.
+pub const ROW_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+
+/// What the relay remembers about a row across passes, while the row is pending.
+#[derive(Debug, Default)]
+struct Memo {
+    /// The most rows a Write holding this row may carry (halved by transient failures).
+    max_rows: Option<usize>,
+    /// The success counter when this row last failed transiently.
+    failed_epoch: Option<u64>,
+    /// Transient failures alone while other rows were delivered.
+    strikes: u32,
+    /// Held back until then.
+    retry_at: Option<Instant>,
+    /// Operations OpenFGA already applied (a split row's finished parts, or an older server's
+    /// "already exists"/"does not exist"), by index.
+    done: HashSet<usize>,
+}
+
+/// A row in a pass.
+struct Candidate {
+    id: i64,
+    created_at: SystemTime,
+    ops: Arc<[Op]>,
+    /// The hash of each operation's tuple key, parallel to `ops`.
+    hashes: Vec<u64>,
+}
+
+/// The rows of one Write and which of their operations it carries.
+struct Plan {
+    rows: Vec<(Candidate, Vec<usize>)>,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone)]
+pub struct PassReport {
+    pub delivered: u64,
+    pub dead: u64,
+    pub failed_writes: u64,
+    pub writes: u64,
+    /// Rows passed over: held back, behind a held row, or held by another session.
+    pub held: u64,
+    /// Back off this long before the next pass (an outage or a configuration error).
+    pub wait: Option<Duration>,
+    /// When the earliest held row may be retried.
+    pub next_due: Option<Instant>,
+    /// The pass stopped early because it was asked to (shutdown, leadership lost).
+    pub interrupted: bool,
+}
+
+impl PassReport {
+    /// Whether the pass changed anything: if not, the relay may sleep.
+    pub fn did_work(&self) -> bool {
+        self.delivered + self.dead + self.failed_writes > 0
+    }
+
+    fn due(&mut self, at: Instant) {
+        self.next_due = Some(self.next_due.map_or(at, |d| d.min(at)));
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// The delivery engine. One per relay; only the relay holding leadership runs passes.
+pub struct Deliverer {
+    store: Store,
+    client: Arc<FgaClient>,
+    metrics: Metrics,
+    settings: DeliverySettings,
+    /// Tuples per Write: `--max-tuples-per-write`, lowered if OpenFGA says it allows fewer.
+    max_tuples: usize,
+    memo: HashMap<i64, Memo>,
+    /// Counts successful Writes: a row's failure counts as a strike only if this moved since
+    /// its previous failure.
+    epoch: u64,
+    /// Consecutive failed Writes with no success in between.
+    streak: u32,
+}
+
+fn key_hash(k: &TupleKey) -> u64 {
+    let mut h = DefaultHasher::new();
+    k.hash(&mut h);
+    h.finish()
+}
+
+impl Deliverer {
+    pub fn new(
+        store: Store,
+        client: Arc<FgaClient>,
+        metrics: Metrics,
+        settings: DeliverySettings,
+        max_tuples: usize,
+    ) -> Deliverer {
+        Deliverer {
+            store,
+            client,
+            metrics,
+            settings,
+            max_tuples: max_tuples.max(1),
+            memo: HashMap::new(),
+            epoch: 0,
+            streak: 0,
+        }
+    }
+
+    /// Forgets what was learnt about rows, e.g. when another relay may have delivered them.
+    pub fn forget(&mut self) {
+        self.memo.clear();
+        self.streak = 0;
+    }
+
+    /// One pass over every pending row, in id order, a page at a time. `keep_going` is asked
+    /// before every Write; when it says no, the pass stops, keeping what was delivered.
+    pub async fn pass(&mut self, keep_going: &dyn Fn() -> bool) -> Result<PassReport, StoreError> {
+        let mut report = PassReport::default();
+        let mut blocked: HashSet<u64> = HashSet::new();
+        let mut after = 0i64;
+        let batch = self.settings.batch_size.max(1) as i64;
+        loop {
+            let mut conn = self.store.pool().get().await?;
+            let tx = conn.transaction().await?;
+            let rows = self.store.claim(&tx, after, batch).await?;
+            let Some(last) = rows.last() else {
+                tx.commit().await?;
+                break;
+            };
+            after = last.id;
+            let full_page = rows.iter().filter(|r| r.mine).count() as i64 >= batch;
+            let mut delivered = Vec::new();
+            let flow = self
+                .deliver_page(
+                    &tx,
+                    rows,
+                    &mut blocked,
+                    &mut report,
+                    &mut delivered,
+                    keep_going,
+                )
+                .await?;
+            self.store.mark_delivered(&tx, &delivered).await?;
+            tx.commit().await?;
+            if flow == Flow::Stop || !full_page {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    async fn deliver_page(
+        &mut self,
+        tx: &impl GenericClient,
+        rows: Vec<ClaimedRow>,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+        delivered: &mut Vec<i64>,
+        keep_going: &dyn Fn() -> bool,
+    ) -> Result<Flow, StoreError> {
+        let now = Instant::now();
+        let mut queue = VecDeque::with_capacity(rows.len());
+        for row in rows {
+            let parsed = Payload::parse(&row.payload);
+            if !row.mine {
+                // Another session holds it (a relay that lost leadership but has not stopped
+                // yet): it may be on its way to OpenFGA. Nothing after it on its tuples may go.
+                if let Ok(p) = &parsed {
+                    blocked.extend(p.ops.iter().map(|op| key_hash(op.key())));
+                }
+                report.held += 1;
+                continue;
+            }
+            let payload = match parsed {
+                Ok(p) => p,
+                Err(e) => {
+                    self.dead_letter(tx, row.id, &e.to_string(), report).await?;
+                    continue;
+                }
+            };
+            let hashes: Vec<u64> = payload.ops.iter().map(|op| key_hash(op.key())).collect();
+            if let Some(at) = self.memo.get(&row.id).and_then(|m| m.retry_at)
+                && at > now
+            {
+                blocked.extend(hashes.iter().copied());
+                report.held += 1;
+                report.due(at);
+                continue;
+            }
+            queue.push_back(Candidate {
+                id: row.id,
+                created_at: row.created_at,
+                ops: payload.ops,
+                hashes,
+            });
+        }
+
+        while let Some(plan) = self.plan_write(&mut queue, blocked, report, delivered) {
+            if !keep_going() {
+                report.interrupted = true;
+                return Ok(Flow::Stop);
+            }
+            let ops: Vec<&Op> = plan
+                .rows
+                .iter()
+                .flat_map(|(c, idx)| idx.iter().map(|&i| &c.ops[i]))
+                .collect();
+            let started = Instant::now();
+            let result = self.client.write(&ops).await;
+            self.metrics
+                .request_duration_seconds
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics.writes_sent.inc();
+            report.writes += 1;
+            let n_ops = ops.len();
+            drop(ops);
+            match result {
+                Ok(()) => self.on_success(plan, n_ops, &mut queue, report, delivered),
+                Err(e) => {
+                    if self
+                        .on_failure(tx, plan, e, &mut queue, blocked, report)
+                        .await?
+                        == Flow::Stop
+                    {
+                        return Ok(Flow::Stop);
+                    }
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Takes the rows of the next Write from the front of the queue: in id order, as many as
+    /// the tuple limit and the rows' halving allow, never the same tuple twice; a row larger
+    /// than the limit goes alone, in parts. Rows touching a blocked tuple are passed over.
+    /// Rows with nothing left to send are delivered without a Write.
+    fn plan_write(
+        &mut self,
+        queue: &mut VecDeque<Candidate>,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+        delivered: &mut Vec<i64>,
+    ) -> Option<Plan> {
+        let limit = self.max_tuples;
+        let mut rows: Vec<(Candidate, Vec<usize>)> = Vec::new();
+        let mut keys: HashSet<u64> = HashSet::new();
+        let mut n_ops = 0usize;
+        let mut cap = usize::MAX;
+        while let Some(front) = queue.front() {
+            if front.hashes.iter().any(|h| blocked.contains(h)) {
+                let c = queue.pop_front().expect("front exists");
+                blocked.extend(c.hashes.iter().copied());
+                report.held += 1;
+                continue;
+            }
+            let memo = self.memo.get(&front.id);
+            let remaining: Vec<usize> = (0..front.ops.len())
+                .filter(|i| memo.is_none_or(|m| !m.done.contains(i)))
+                .collect();
+            if remaining.is_empty() {
+                let c = queue.pop_front().expect("front exists");
+                self.row_delivered(&c, report, delivered);
+                continue;
+            }
+            let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
+            if rows.is_empty() {
+                let c = queue.pop_front().expect("front exists");
+                if remaining.len() > limit {
+                    // Too large for one Write: send it in parts, alone.
+                    let part: Vec<usize> = remaining.into_iter().take(limit).collect();
+                    rows.push((c, part));
+                    break;
+                }
+                keys.extend(remaining.iter().map(|&i| c.hashes[i]));
+                n_ops = remaining.len();
+                cap = row_cap;
+                rows.push((c, remaining));
+                continue;
+            }
+            if rows.len() >= cap.min(row_cap)
+                || n_ops + remaining.len() > limit
+                || remaining.iter().any(|&i| keys.contains(&front.hashes[i]))
+            {
+                break;
+            }
+            let c = queue.pop_front().expect("front exists");
+            keys.extend(remaining.iter().map(|&i| c.hashes[i]));
+            n_ops += remaining.len();
+            cap = cap.min(row_cap);
+            rows.push((c, remaining));
+        }
+        (!rows.is_empty()).then_some(Plan { rows })
+    }
+
+    fn row_delivered(&mut self, c: &Candidate, report: &mut PassReport, delivered: &mut Vec<i64>) {
+        self.memo.remove(&c.id);
+        delivered.push(c.id);
+        report.delivered += 1;
+        self.metrics.rows_delivered.inc();
+        if let Ok(age) = SystemTime::now().duration_since(c.created_at) {
+            self.metrics
+                .delivery_latency_seconds
+                .observe(age.as_secs_f64());
+        }
+    }
+
+    fn on_success(
+        &mut self,
+        plan: Plan,
+        n_ops: usize,
+        queue: &mut VecDeque<Candidate>,
+        report: &mut PassReport,
+        delivered: &mut Vec<i64>,
+    ) {
+        self.epoch += 1;
+        self.streak = 0;
+        self.metrics.tuples_delivered.inc_by(n_ops as u64);
+        let mut unfinished = Vec::new();
+        for (c, idx) in plan.rows {
+            let all = c.ops.len();
+            let memo_done = self.memo.get(&c.id).map_or(0, |m| m.done.len());
+            if memo_done + idx.len() >= all {
+                self.row_delivered(&c, report, delivered);
+            } else {
+                // A part of a large row: remember it, send the rest next.
+                self.memo.entry(c.id).or_default().done.extend(idx);
+                unfinished.push(c);
+            }
+        }
+        for c in unfinished.into_iter().rev() {
+            queue.push_front(c);
+        }
+    }
+
+    /// Puts a plan's rows back at the front of the queue, in order.
+    fn requeue(queue: &mut VecDeque<Candidate>, rows: Vec<Candidate>) {
+        for c in rows.into_iter().rev() {
+            queue.push_front(c);
+        }
+    }
+
+    /// The row and operation index of the `flat`-th operation of a plan.
+    fn locate(plan: &Plan, flat: usize) -> Option<(usize, usize)> {
+        let mut n = flat;
+        for (r, (_, idx)) in plan.rows.iter().enumerate() {
+            if n < idx.len() {
+                return Some((r, idx[n]));
+            }
+            n -= idx.len();
+        }
+        None
+    }
+
+    async fn on_failure(
+        &mut self,
+        tx: &impl GenericClient,
+        plan: Plan,
+        e: WriteError,
+        queue: &mut VecDeque<Candidate>,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+    ) -> Result<Flow, StoreError> {
+        let ids: Vec<i64> = plan.rows.iter().map(|(c, _)| c.id).collect();
+        match e {
+            WriteError::AlreadyApplied {
+                op: Some(i),
+                ref message,
+            } => {
+                // Success for that operation; send the rest again.
+                debug!(ids = ?ids, %message, "OpenFGA already had this operation applied");
+                if let Some((r, op)) = Self::locate(&plan, i) {
+                    self.memo
+                        .entry(plan.rows[r].0.id)
+                        .or_default()
+                        .done
+                        .insert(op);
+                    Self::requeue(queue, plan.rows.into_iter().map(|(c, _)| c).collect());
+                    return Ok(Flow::Continue);
+                }
+                self.split_or_dead_letter(tx, plan, &e, queue, report).await
+            }
+            WriteError::AlreadyApplied { op: None, .. } | WriteError::Rejected { op: None, .. } => {
+                self.split_or_dead_letter(tx, plan, &e, queue, report).await
+            }
+            WriteError::Rejected { op: Some(i), .. } => {
+                self.metrics.failed("permanent");
+                report.failed_writes += 1;
+                let Some((r, _)) = Self::locate(&plan, i) else {
+                    return self.split_or_dead_letter(tx, plan, &e, queue, report).await;
+                };
+                let mut rows: Vec<Candidate> = plan.rows.into_iter().map(|(c, _)| c).collect();
+                let bad = rows.remove(r);
+                self.dead_letter(tx, bad.id, &e.to_string(), report).await?;
+                Self::requeue(queue, rows);
+                Ok(Flow::Continue)
+            }
+            WriteError::TooManyTuples { limit, ref message } => {
+                let lower = limit.unwrap_or(self.max_tuples / 2).max(1);
+                if lower < self.max_tuples && self.max_tuples > 1 {
+                    error!(
+                        configured = self.max_tuples,
+                        server_limit = lower,
+                        %message,
+                        "OpenFGA allows fewer tuples per write than --max-tuples-per-write; \
+                         using its limit (set FGA_MAX_TUPLES_PER_WRITE={lower})"
+                    );
+                    self.max_tuples = lower;
+                    Self::requeue(queue, plan.rows.into_iter().map(|(c, _)| c).collect());
+                    return Ok(Flow::Continue);
+                }
+                self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF)
+                    .await?;
+                Ok(Flow::Stop)
+            }
+            WriteError::Configuration { .. } | WriteError::Unexpected { .. } => {
+                self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF)
+                    .await?;
+                Ok(Flow::Stop)
+            }
+            WriteError::Transient { .. } => {
+                if plan.rows.len() == 1 {
+                    return self.transient_alone(tx, plan, &e, blocked, report).await;
+                }
+                let half = (plan.rows.len() / 2).max(1);
+                for (c, _) in &plan.rows {
+                    let m = self.memo.entry(c.id).or_default();
+                    m.max_rows = Some(half);
+                    m.failed_epoch = Some(self.epoch);
+                }
+                self.outage(tx, &plan, &e, blocked, report, OUTAGE_BACKOFF)
+                    .await?;
+                Ok(Flow::Stop)
+            }
+        }
+    }
+
+    /// A permanent answer that does not say which row: split the Write to find out, or, for a
+    /// row alone, dead-letter it.
+    async fn split_or_dead_letter(
+        &mut self,
+        tx: &impl GenericClient,
+        plan: Plan,
+        e: &WriteError,
+        queue: &mut VecDeque<Candidate>,
+        report: &mut PassReport,
+    ) -> Result<Flow, StoreError> {
+        self.metrics.failed("permanent");
+        report.failed_writes += 1;
+        if plan.rows.len() > 1 {
+            let half = plan.rows.len() / 2;
+            for (c, _) in &plan.rows {
+                self.memo.entry(c.id).or_default().max_rows = Some(half);
+            }
+            let ids: Vec<i64> = plan.rows.iter().map(|(c, _)| c.id).collect();
+            debug!(?ids, error = %e, "OpenFGA rejected a write without naming the tuple; splitting it");
+            Self::requeue(queue, plan.rows.into_iter().map(|(c, _)| c).collect());
+            return Ok(Flow::Continue);
+        }
+        let (c, idx) = plan.rows.into_iter().next().expect("a plan has rows");
+        if matches!(e, WriteError::AlreadyApplied { .. }) && idx.len() == 1 {
+            self.memo.entry(c.id).or_default().done.insert(idx[0]);
+            queue.push_front(c);
+            return Ok(Flow::Continue);
+        }
+        self.dead_letter(tx, c.id, &e.to_string(), report).await?;
+        Ok(Flow::Continue)
+    }
+
+    /// A row that failed transiently on its own.
+    async fn transient_alone(
+        &mut self,
+        tx: &impl GenericClient,
+        plan: Plan,
+        e: &WriteError,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+    ) -> Result<Flow, StoreError> {
+        let id = plan.rows[0].0.id;
+        let epoch = self.epoch;
+        let m = self.memo.entry(id).or_default();
+        // Other Writes succeeded since this row last failed: the row, not OpenFGA, is the
+        // problem.
+        let strike = m.failed_epoch.is_some_and(|e| e != epoch);
+        m.failed_epoch = Some(epoch);
+        m.max_rows = Some(1);
+        if !strike {
+            let at = Instant::now() + OUTAGE_BACKOFF.delay(self.streak + 1);
+            m.retry_at = Some(at);
+            report.due(at);
+            self.outage(tx, &plan, e, blocked, report, OUTAGE_BACKOFF)
+                .await?;
+            return Ok(Flow::Stop);
+        }
+        m.strikes += 1;
+        let strikes = m.strikes;
+        self.metrics.failed("transient");
+        report.failed_writes += 1;
+        blocked.extend(plan.rows[0].0.hashes.iter().copied());
+        if strikes >= self.settings.max_attempts {
+            let reason = format!(
+                "gave up after {strikes} failed attempts while other rows were delivered: {e}"
+            );
+            self.dead_letter(tx, id, &reason, report).await?;
+            return Ok(Flow::Continue);
+        }
+        let at = Instant::now() + ROW_BACKOFF.delay(strikes);
+        if let Some(m) = self.memo.get_mut(&id) {
+            m.retry_at = Some(at);
+        }
+        report.due(at);
+        warn!(
+            class = "transient",
+            rows = 1,
+            id,
+            strikes,
+            error = %e,
+            "row keeps failing while others are delivered; holding it back"
+        );
+        self.store.record_failure(tx, &[id], &e.to_string()).await?;
+        Ok(Flow::Continue)
+    }
+
+    /// A failure of the whole relay (outage or configuration): record it on the rows, block
+    /// their tuples for this pass, and back off.
+    async fn outage(
+        &mut self,
+        tx: &impl GenericClient,
+        plan: &Plan,
+        e: &WriteError,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+        schedule: Backoff,
+    ) -> Result<(), StoreError> {
+        let ids: Vec<i64> = plan.rows.iter().map(|(c, _)| c.id).collect();
+        for (c, _) in &plan.rows {
+            blocked.extend(c.hashes.iter().copied());
+        }
+        self.streak += 1;
+        let class = e.class();
+        self.metrics.failed(class.as_str());
+        report.failed_writes += 1;
+        let wait = match e {
+            WriteError::Transient {
+                retry_after: Some(d),
+                ..
+            } => *d,
+            _ => schedule.delay(self.streak),
+        };
+        report.wait = Some(report.wait.map_or(wait, |w| w.max(wait)));
+        if class == crate::openfga::FailureClass::Configuration {
+            error!(class = class.as_str(), rows = ids.len(), error = %e, retry_in = ?wait,
+                "OpenFGA refused the relay's writes: check its settings");
+        } else {
+            warn!(class = class.as_str(), rows = ids.len(), error = %e, retry_in = ?wait,
+                "write failed");
+        }
+        self.store.record_failure(tx, &ids, &e.to_string()).await?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &mut self,
+        tx: &impl GenericClient,
+        id: i64,
+        reason: &str,
+        report: &mut PassReport,
+    ) -> Result<(), StoreError> {
+        warn!(id, reason, "row dead-lettered");
+        self.store.dead_letter(tx, id, reason).await?;
+        self.memo.remove(&id);
+        self.metrics.rows_dead_lettered.inc();
+        report.dead += 1;
+        Ok(())
+    }
+}

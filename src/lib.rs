@@ -1,0 +1,34 @@
+//! fga-relay delivers a PostgreSQL transactional outbox to OpenFGA's Write API, at least once,
+//! in order per tuple, keeping delivered rows as evidence.
+//!
+//! # Map
+//! - [`config`]: settings, validated once; secrets that never reach a log line.
+//! - [`cli`]: the command line and the commands (`migrate`, `sql`, `run`, `drain`, `status`,
+//!   `retry`, `prune`).
+//! - [`schema`]: the SQL of `sql/schema/`, embedded, and `migrate`.
+//! - [`store`]: every statement against the outbox, from `sql/queries/`.
+//! - [`db`]: connections: the pool, and the dedicated connection's settings.
+//! - [`payload`]: what a row's payload must be, and why it is not.
+//! - [`openfga`]: the HTTP client and what each OpenFGA answer means.
+//! - [`delivery`]: one pass over the pending rows: batching, the per-tuple order rule, retries,
+//!   isolation of bad rows, dead letters.
+//! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
+//! - [`relay`]: the `run` and `drain` loops around delivery passes.
+//! - [`metrics`], [`http`]: Prometheus metrics and the `/healthz` + `/metrics` endpoint.
+//! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares.
+
+pub mod backoff;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod delivery;
+pub mod http;
+pub mod listener;
+pub mod metrics;
+pub mod openfga;
+pub mod payload;
+pub mod relay;
+pub mod schema;
+pub mod shutdown;
+pub mod store;
+pub mod telemetry;

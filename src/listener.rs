@@ -1,0 +1,236 @@
+//! The relay's dedicated connection: it LISTENs, holds the leadership lock, and holds the wake
+//! lock while the relay sleeps.
+//!
+//! tokio-postgres hands notifications only to whoever drives the `Connection` with
+//! `poll_message` (awaiting the connection as a future drops them), so a task here drives it and
+//! turns each notification into a wake-up. A [`tokio::sync::Notify`] coalesces them: a burst of
+//! notifications while the relay is draining costs one more pass, not one each.
+//!
+//! A heartbeat query notices a connection that died silently (a network cut sends no error)
+//! within two heartbeat intervals; the session is then *lost* and the relay makes a new one.
+
+use crate::schema::{LEADER_LOCK_CLASS, WAKE_LOCK_CLASS};
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, Client, Config};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// The payload prefix of the notification a relay sends itself to check that notifications
+/// reach it. Writers' notifications have an empty payload.
+const PROBE_PREFIX: &str = "fga-relay probe ";
+
+/// A dedicated connection and the tasks that watch it.
+pub struct Session {
+    client: Arc<Client>,
+    /// Signalled by each notification on the channel.
+    wake: Arc<Notify>,
+    /// Cancelled when the connection ends or a heartbeat fails.
+    lost: CancellationToken,
+    /// The table's oid: the second key of the leadership and wake locks.
+    oid: i32,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What a session is for.
+pub struct SessionOptions<'a> {
+    /// LISTEN on this channel (the `run` daemon); `None` for `drain`, which only leads.
+    pub channel: Option<&'a str>,
+    pub heartbeat: Duration,
+    /// Called for each notification received.
+    pub on_notification: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Session {
+    /// Connects, starts the driver and the heartbeat, and LISTENs.
+    pub async fn connect(
+        cfg: &Config,
+        oid: i32,
+        opts: SessionOptions<'_>,
+    ) -> Result<Session, tokio_postgres::Error> {
+        let (client, mut connection) = crate::db::connect_dedicated(cfg).await?;
+        let client = Arc::new(client);
+        let wake = Arc::new(Notify::new());
+        let lost = CancellationToken::new();
+        let probe = Arc::new(Notify::new());
+        let probe_payload = format!("{PROBE_PREFIX}{}", fastrand::u64(..));
+
+        let driver = {
+            let wake = wake.clone();
+            let lost = lost.clone();
+            let probe = probe.clone();
+            let probe_payload = probe_payload.clone();
+            let on_notification = opts.on_notification.clone();
+            tokio::spawn(async move {
+                loop {
+                    let msg = tokio::select! {
+                        m = poll_fn(|cx| connection.poll_message(cx)) => m,
+                        _ = lost.cancelled() => break,
+                    };
+                    match msg {
+                        Some(Ok(AsyncMessage::Notification(n))) => {
+                            if n.payload() == probe_payload {
+                                probe.notify_one();
+                            } else if !n.payload().starts_with(PROBE_PREFIX) {
+                                on_notification();
+                                wake.notify_one();
+                            }
+                        }
+                        Some(Ok(AsyncMessage::Notice(n))) => {
+                            debug!(notice = %n.message(), "PostgreSQL notice");
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            warn!(error = %crate::db::describe(&e), "dedicated connection failed");
+                            break;
+                        }
+                        None => {
+                            warn!("dedicated connection closed by the server");
+                            break;
+                        }
+                    }
+                }
+                lost.cancel();
+            })
+        };
+
+        let heartbeat = {
+            let client = client.clone();
+            let lost = lost.clone();
+            let every = opts.heartbeat;
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => {}
+                        _ = lost.cancelled() => return,
+                    }
+                    match tokio::time::timeout(every, client.simple_query("SELECT 1")).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => {
+                            warn!(error = %crate::db::describe(&e), "heartbeat failed");
+                            lost.cancel();
+                            return;
+                        }
+                        Err(_) => {
+                            warn!(timeout = ?every, "heartbeat got no answer: the connection is dead");
+                            lost.cancel();
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+
+        let session = Session {
+            client,
+            wake,
+            lost,
+            oid,
+            tasks: vec![driver, heartbeat],
+        };
+        crate::db::setup_session(&session.client).await?;
+        if let Some(channel) = opts.channel {
+            session
+                .client
+                .batch_execute(&format!("LISTEN \"{channel}\""))
+                .await?;
+            session
+                .check_notifications(channel, &probe, &probe_payload)
+                .await?;
+        }
+        Ok(session)
+    }
+
+    /// Sends a notification to ourselves and waits briefly for it: through PgBouncer in
+    /// transaction mode (or anything else that breaks LISTEN), it never arrives, and the relay
+    /// can only find rows by sweeping. Says so loudly; does not fail.
+    async fn check_notifications(
+        &self,
+        channel: &str,
+        probe: &Notify,
+        payload: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        let arrived = probe.notified();
+        self.client
+            .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
+            .await?;
+        if tokio::time::timeout(Duration::from_secs(2), arrived)
+            .await
+            .is_err()
+        {
+            warn!(
+                channel,
+                "a test notification did not come back: notifications are not reaching this \
+                 relay (is DATABASE_URL going through PgBouncer in transaction mode?). New rows \
+                 will be found only by the sweep; point the relay at PostgreSQL directly or at a \
+                 session-mode pool"
+            );
+        } else {
+            info!(channel, "listening");
+        }
+        Ok(())
+    }
+
+    /// Whether the connection is gone (closed, failed, or silent past a heartbeat).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Resolves when the connection is gone.
+    pub fn lost(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Resolves at the next notification (or at once if one came since the last wait).
+    pub fn wake(&self) -> &Notify {
+        &self.wake
+    }
+
+    /// Tries to become the relay that delivers. Never blocks: a standby tries again later.
+    pub async fn try_lead(&self) -> Result<bool, tokio_postgres::Error> {
+        self.try_lock(LEADER_LOCK_CLASS).await
+    }
+
+    /// Lets go of leadership.
+    pub async fn release_lead(&self) -> Result<(), tokio_postgres::Error> {
+        self.unlock(LEADER_LOCK_CLASS).await
+    }
+
+    /// Takes the wake lock before sleeping: from then on every writer notifies. Never the
+    /// blocking form: a queued exclusive request would block writers' shared tries.
+    pub async fn try_wake_lock(&self) -> Result<bool, tokio_postgres::Error> {
+        self.try_lock(WAKE_LOCK_CLASS).await
+    }
+
+    /// Releases the wake lock on waking: writers stop notifying while the relay is busy.
+    pub async fn release_wake_lock(&self) -> Result<(), tokio_postgres::Error> {
+        self.unlock(WAKE_LOCK_CLASS).await
+    }
+
+    async fn try_lock(&self, class: i32) -> Result<bool, tokio_postgres::Error> {
+        let row = self
+            .client
+            .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &self.oid])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    async fn unlock(&self, class: i32) -> Result<(), tokio_postgres::Error> {
+        self.client
+            .query_one("SELECT pg_advisory_unlock($1, $2)", &[&class, &self.oid])
+            .await?;
+        Ok(())
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.lost.cancel();
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Metrics, in one registry per relay (so several relays in one test process never mix), served
+//! in Prometheus text format by `http.rs`.
+//!
+//! Labels are bounded: a failure class, never an error message.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// The `class` label of failed attempts: `transient`, `permanent` or `configuration`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    pub class: &'static str,
+}
+
+/// Every metric the relay exports. Cloning shares the same series.
+#[derive(Clone)]
+pub struct Metrics {
+    pub rows_delivered: Counter,
+    pub tuples_delivered: Counter,
+    pub writes_sent: Counter,
+    pub failed_attempts: Family<ClassLabel, Counter>,
+    pub rows_dead_lettered: Counter,
+    pub pending_rows: Gauge,
+    pub oldest_pending_age_seconds: Gauge<f64, AtomicU64>,
+    pub listen_connected: Gauge,
+    pub leader: Gauge,
+    pub reconnects: Counter,
+    pub sweep_found_rows: Counter,
+    pub notifications: Counter,
+    pub delivery_latency_seconds: Histogram,
+    pub request_duration_seconds: Histogram,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` under `fga_relay_`.
+    pub fn new(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            rows_delivered: Counter::default(),
+            tuples_delivered: Counter::default(),
+            writes_sent: Counter::default(),
+            failed_attempts: Family::default(),
+            rows_dead_lettered: Counter::default(),
+            pending_rows: Gauge::default(),
+            oldest_pending_age_seconds: Gauge::default(),
+            listen_connected: Gauge::default(),
+            leader: Gauge::default(),
+            reconnects: Counter::default(),
+            sweep_found_rows: Counter::default(),
+            notifications: Counter::default(),
+            // 0.25 ms .. ~16 s: commit-to-OpenFGA is around a millisecond when all is well.
+            delivery_latency_seconds: Histogram::new(exponential_buckets(0.00025, 2.0, 17)),
+            // 0.1 ms .. ~3 s.
+            request_duration_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+        };
+        let r = registry.sub_registry_with_prefix("fga_relay");
+        r.register(
+            "rows_delivered",
+            "Outbox rows delivered to OpenFGA",
+            m.rows_delivered.clone(),
+        );
+        r.register(
+            "tuples_delivered",
+            "Tuple operations OpenFGA accepted",
+            m.tuples_delivered.clone(),
+        );
+        r.register(
+            "writes",
+            "Write requests sent to OpenFGA",
+            m.writes_sent.clone(),
+        );
+        r.register(
+            "failed_attempts",
+            "Failed Write attempts, by class (transient, permanent, configuration)",
+            m.failed_attempts.clone(),
+        );
+        r.register(
+            "rows_dead_lettered",
+            "Rows the relay gave up on (failed_at set)",
+            m.rows_dead_lettered.clone(),
+        );
+        r.register(
+            "pending_rows",
+            "Rows waiting for delivery (at the last scrape)",
+            m.pending_rows.clone(),
+        );
+        r.register(
+            "oldest_pending_age_seconds",
+            "Age of the oldest pending row (0 when none; at the last scrape)",
+            m.oldest_pending_age_seconds.clone(),
+        );
+        r.register(
+            "listen_connected",
+            "1 while the dedicated LISTEN connection is up",
+            m.listen_connected.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this relay is the one delivering (the others are standbys)",
+            m.leader.clone(),
+        );
+        r.register(
+            "listen_reconnects",
+            "Times the LISTEN connection was lost and made again",
+            m.reconnects.clone(),
+        );
+        r.register(
+            "sweep_found_rows",
+            "Rows delivered by the periodic sweep rather than after a notification \
+             (a sign notifications are being lost)",
+            m.sweep_found_rows.clone(),
+        );
+        r.register(
+            "notifications",
+            "Notifications received on the LISTEN connection",
+            m.notifications.clone(),
+        );
+        r.register(
+            "delivery_latency_seconds",
+            "Time from a row's created_at to OpenFGA accepting it",
+            m.delivery_latency_seconds.clone(),
+        );
+        r.register(
+            "openfga_request_duration_seconds",
+            "Duration of Write requests to OpenFGA",
+            m.request_duration_seconds.clone(),
+        );
+        m
+    }
+
+    /// Metrics registered nowhere, for code paths that do not export them (commands, tests).
+    pub fn unregistered() -> Metrics {
+        Metrics::new(&mut Registry::default())
+    }
+
+    pub fn failed(&self, class: &'static str) {
+        self.failed_attempts
+            .get_or_create(&ClassLabel { class })
+            .inc();
+    }
+}
+
+/// The registry's content in Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_in_prometheus_text() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        m.rows_delivered.inc_by(3);
+        m.failed("transient");
+        m.delivery_latency_seconds.observe(0.001);
+        let text = render(&registry);
+        assert!(text.contains("fga_relay_rows_delivered_total 3"), "{text}");
+        assert!(
+            text.contains("fga_relay_failed_attempts_total{class=\"transient\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fga_relay_delivery_latency_seconds_bucket"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,486 @@
+//! `fga-relay run` and `fga-relay drain`: the loops around [`Deliverer::pass`].
+//!
+//! One relay at a time delivers: the one holding the leadership lock on its dedicated
+//! connection. The others are hot standbys that try to take the lock at every heartbeat. The
+//! leader drains after every (re)connect, after every notification, and at every sweep; before
+//! it sleeps it takes the wake lock and looks once more (see `sql/schema/0002_wakeup.sql`).
+
+use crate::backoff::Backoff;
+use crate::config::{DbSettings, DeliverySettings, FgaSettings};
+use crate::delivery::{Deliverer, PassReport};
+use crate::listener::{Session, SessionOptions};
+use crate::metrics::Metrics;
+use crate::openfga::FgaClient;
+use crate::schema::TableInfo;
+use crate::store::Store;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::Config;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+/// Reconnecting the dedicated connection.
+const RECONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+/// Retrying after a database error during a pass.
+const DB_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+
+/// Everything a relay needs, built once by the command line (or a test).
+pub struct Relay {
+    pub pg: Config,
+    pub db: DbSettings,
+    pub fga: FgaSettings,
+    pub delivery: DeliverySettings,
+    pub store: Store,
+    pub client: Arc<FgaClient>,
+    pub metrics: Metrics,
+    pub table: TableInfo,
+    /// Who this relay is, in the leader record and logs: host, process id.
+    pub identity: String,
+}
+
+/// How leading ended.
+enum LeadEnd {
+    Shutdown,
+    Lost,
+}
+
+/// Why the relay is draining: a sweep pass that finds rows means notifications were missed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trigger {
+    Connect,
+    Notification,
+    Sweep,
+    Again,
+}
+
+/// A name for this process in the leader record.
+pub fn identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "unknown-host".to_owned());
+    format!("{host} pid {}", std::process::id())
+}
+
+/// Sleeps for `d`, or until `stop` fires; returns false if it did.
+async fn nap(d: Duration, stop: &[&CancellationToken]) -> bool {
+    let sleep = tokio::time::sleep(d);
+    tokio::pin!(sleep);
+    tokio::select! {
+        _ = &mut sleep => true,
+        _ = any_cancelled(stop) => false,
+    }
+}
+
+async fn any_cancelled(tokens: &[&CancellationToken]) {
+    let futs: Vec<_> = tokens.iter().map(|t| Box::pin(t.cancelled())).collect();
+    if futs.is_empty() {
+        std::future::pending::<()>().await;
+    }
+    futures_select_all(futs).await;
+}
+
+/// Resolves when the first of the futures does.
+async fn futures_select_all<F: std::future::Future<Output = ()> + Unpin>(mut futs: Vec<F>) {
+    std::future::poll_fn(|cx| {
+        for f in futs.iter_mut() {
+            if std::pin::Pin::new(f).poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+impl Relay {
+    fn session_options(&self, listen: bool) -> SessionOptions<'_> {
+        let metrics = self.metrics.clone();
+        SessionOptions {
+            channel: listen.then(|| self.db.table.as_str()),
+            heartbeat: self.delivery.heartbeat_interval,
+            on_notification: Arc::new(move || {
+                metrics.notifications.inc();
+            }),
+        }
+    }
+
+    fn deliverer(&self) -> Deliverer {
+        Deliverer::new(
+            self.store.clone(),
+            self.client.clone(),
+            self.metrics.clone(),
+            self.delivery.clone(),
+            self.fga.max_tuples_per_write,
+        )
+    }
+
+    /// The daemon: until `shutdown` fires, keep a dedicated connection, lead or stand by, and
+    /// deliver. Returns once the batch in flight is finished and leadership released.
+    pub async fn run(&self, shutdown: CancellationToken, ready: impl Fn(bool)) {
+        let mut deliverer = self.deliverer();
+        let mut failures = 0u32;
+        let mut connected_before = false;
+        while !shutdown.is_cancelled() {
+            let session = match Session::connect(
+                &self.pg,
+                self.table.oid,
+                self.session_options(true),
+            )
+            .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    failures += 1;
+                    let wait = RECONNECT_BACKOFF.delay(failures);
+                    warn!(error = %crate::db::describe(&e), retry_in = ?wait,
+                        "cannot open the LISTEN connection");
+                    if !nap(wait, &[&shutdown]).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            failures = 0;
+            if connected_before {
+                self.metrics.reconnects.inc();
+                info!("LISTEN connection reconnected");
+            } else {
+                info!("LISTEN connection up");
+            }
+            connected_before = true;
+            self.metrics.listen_connected.set(1);
+            ready(true);
+
+            let end = match self.stand_by(&session, &shutdown).await {
+                Ok(true) => self.lead(&session, &mut deliverer, &shutdown).await,
+                Ok(false) => LeadEnd::Shutdown,
+                Err(()) => LeadEnd::Lost,
+            };
+            self.metrics.leader.set(0);
+            self.metrics.listen_connected.set(0);
+            ready(false);
+            match end {
+                LeadEnd::Shutdown => break,
+                LeadEnd::Lost => {
+                    warn!("LISTEN connection lost; reconnecting");
+                    // Another relay may deliver while we are away: what we knew about rows
+                    // may no longer hold.
+                    deliverer.forget();
+                }
+            }
+        }
+        info!("relay stopped");
+    }
+
+    /// Waits until this relay holds leadership. Ok(false) on shutdown, Err on a lost session.
+    async fn stand_by(&self, session: &Session, shutdown: &CancellationToken) -> Result<bool, ()> {
+        let mut announced = false;
+        loop {
+            match session.try_lead().await {
+                Ok(true) => return Ok(true),
+                Ok(false) => {
+                    if !announced {
+                        info!("another relay is delivering; standing by");
+                        announced = true;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %crate::db::describe(&e), "cannot ask for leadership");
+                    return Err(());
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.delivery.heartbeat_interval) => {}
+                _ = session.lost().cancelled() => return Err(()),
+                _ = shutdown.cancelled() => return Ok(false),
+            }
+        }
+    }
+
+    /// Records leadership and waits out the fence when the previous leader did not let go
+    /// cleanly: a Write of its may still be in flight, and none may land after ours.
+    async fn begin_term(&self, stop: &[&CancellationToken]) -> Result<bool, ()> {
+        let (clean, previous) = match self.store.take_leadership(&self.identity).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "cannot record leadership");
+                return Err(());
+            }
+        };
+        self.metrics.leader.set(1);
+        if clean {
+            info!("delivering (leader)");
+            return Ok(true);
+        }
+        let fence = self.fga.request_timeout + Duration::from_millis(500);
+        info!(previous = previous.as_deref().unwrap_or("?"), wait = ?fence,
+            "delivering (leader); the previous leader did not let go cleanly, so waiting one \
+             request timeout before the first write");
+        Ok(nap(fence, stop).await)
+    }
+
+    async fn end_term(&self, session: &Session) {
+        match self.store.release_leadership(&self.identity).await {
+            Ok(()) => {
+                if let Err(e) = session.release_lead().await {
+                    debug!(error = %crate::db::describe(&e), "releasing the leadership lock");
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot record a clean release of leadership"),
+        }
+        self.metrics.leader.set(0);
+    }
+
+    async fn lead(
+        &self,
+        session: &Session,
+        deliverer: &mut Deliverer,
+        shutdown: &CancellationToken,
+    ) -> LeadEnd {
+        let stop = [shutdown, session.lost()];
+        match self.begin_term(&stop).await {
+            Ok(true) => {}
+            Ok(false) if shutdown.is_cancelled() => {
+                self.end_term(session).await;
+                return LeadEnd::Shutdown;
+            }
+            _ => return LeadEnd::Lost,
+        }
+        deliverer.forget();
+        let mut sweep = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.delivery.sweep_interval,
+            self.delivery.sweep_interval,
+        );
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut trigger = Trigger::Connect;
+        let mut db_failures = 0u32;
+        let mut spins = 0u32;
+        let keep_going = || !shutdown.is_cancelled() && !session.is_lost();
+        loop {
+            let report = match deliverer.pass(&keep_going).await {
+                Ok(r) => {
+                    db_failures = 0;
+                    r
+                }
+                Err(e) => {
+                    db_failures += 1;
+                    let wait = DB_BACKOFF.delay(db_failures);
+                    warn!(error = %e, retry_in = ?wait, "database error while draining");
+                    if !nap(wait, &stop).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            self.account(trigger, &report);
+            if !keep_going() {
+                break;
+            }
+            if let Some(wait) = report.wait {
+                if !nap(wait, &stop).await {
+                    break;
+                }
+                trigger = Trigger::Again;
+                continue;
+            }
+            if report.did_work() {
+                trigger = Trigger::Again;
+                spins = 0;
+                continue;
+            }
+            // Nothing to do. Take the wake lock, so that writers notify from now on, then look
+            // once more: a writer that skipped NOTIFY has committed by the time we hold it.
+            match session.try_wake_lock().await {
+                Ok(true) => spins = 0,
+                Ok(false) => {
+                    // Writers hold it: they are inserting right now. Drain again shortly.
+                    spins += 1;
+                    let wait = Duration::from_micros(500 * u64::from(spins.min(100)));
+                    if !nap(wait, &stop).await {
+                        break;
+                    }
+                    trigger = Trigger::Again;
+                    continue;
+                }
+                Err(e) => {
+                    warn!(error = %crate::db::describe(&e), "cannot take the wake lock");
+                    break;
+                }
+            }
+            let last_look = match deliverer.pass(&keep_going).await {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!(error = %e, "database error while draining");
+                    PassReport {
+                        wait: Some(DB_BACKOFF.delay(1)),
+                        ..PassReport::default()
+                    }
+                }
+            };
+            self.account(Trigger::Again, &last_look);
+            if last_look.did_work() || last_look.wait.is_some() || !keep_going() {
+                if session.release_wake_lock().await.is_err() {
+                    break;
+                }
+                if let Some(wait) = last_look.wait
+                    && !nap(wait, &stop).await
+                {
+                    break;
+                }
+                trigger = Trigger::Again;
+                continue;
+            }
+            let due = last_look.next_due;
+            let retry = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            trigger = tokio::select! {
+                _ = session.wake().notified() => Trigger::Notification,
+                _ = sweep.tick() => Trigger::Sweep,
+                _ = retry => Trigger::Again,
+                _ = shutdown.cancelled() => Trigger::Again,
+                _ = session.lost().cancelled() => Trigger::Again,
+            };
+            if session.is_lost() {
+                break;
+            }
+            if let Err(e) = session.release_wake_lock().await {
+                warn!(error = %crate::db::describe(&e), "cannot release the wake lock");
+                break;
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+        }
+        if shutdown.is_cancelled() && !session.is_lost() {
+            self.end_term(session).await;
+            return LeadEnd::Shutdown;
+        }
+        if shutdown.is_cancelled() {
+            return LeadEnd::Shutdown;
+        }
+        LeadEnd::Lost
+    }
+
+    fn account(&self, trigger: Trigger, report: &PassReport) {
+        if trigger == Trigger::Sweep && report.delivered > 0 {
+            self.metrics.sweep_found_rows.inc_by(report.delivered);
+            warn!(
+                rows = report.delivered,
+                "the sweep found rows no notification announced: notifications are being lost"
+            );
+        }
+        if report.did_work() {
+            debug!(
+                ?trigger,
+                delivered = report.delivered,
+                dead = report.dead,
+                failed_writes = report.failed_writes,
+                writes = report.writes,
+                held = report.held,
+                "drained"
+            );
+        }
+    }
+
+    /// `fga-relay drain`: delivers every row pending at the start, itself if it can lead,
+    /// otherwise by waiting for the relay that leads. Returns how many of those rows are still
+    /// pending at the end (0 is success).
+    pub async fn drain(
+        &self,
+        timeout: Duration,
+        shutdown: CancellationToken,
+    ) -> Result<i64, crate::store::StoreError> {
+        let deadline = Instant::now() + timeout;
+        let timer = CancellationToken::new();
+        {
+            let timer = timer.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                timer.cancel();
+            });
+        }
+        let Some(target) = self.store.max_pending_id().await? else {
+            info!("nothing pending");
+            return Ok(0);
+        };
+        let at_start = self.store.pending_through(target).await?;
+        info!(
+            rows = at_start,
+            through_id = target,
+            "draining the rows pending now"
+        );
+        let mut deliverer = self.deliverer();
+        let mut session: Option<Session> = None;
+        let mut leading = false;
+        let mut waiting_logged = false;
+        loop {
+            let left = self.store.pending_through(target).await?;
+            if left == 0 {
+                info!(rows = at_start, "drained");
+                break;
+            }
+            if Instant::now() >= deadline || shutdown.is_cancelled() {
+                warn!(left, "rows still pending at the timeout");
+                break;
+            }
+            if session.as_ref().is_none_or(Session::is_lost) {
+                leading = false;
+                session = Session::connect(&self.pg, self.table.oid, self.session_options(false))
+                    .await
+                    .map_err(|e| warn!(error = %crate::db::describe(&e), "cannot connect"))
+                    .ok();
+            }
+            let Some(s) = session.as_ref() else {
+                nap(Duration::from_millis(200), &[&shutdown, &timer]).await;
+                continue;
+            };
+            if !leading {
+                leading = s.try_lead().await.unwrap_or(false);
+                if leading {
+                    match self.begin_term(&[&shutdown, &timer, s.lost()]).await {
+                        Ok(true) => deliverer.forget(),
+                        _ => {
+                            leading = false;
+                            continue;
+                        }
+                    }
+                } else {
+                    if !waiting_logged {
+                        info!("another relay is delivering; waiting for it");
+                        waiting_logged = true;
+                    }
+                    nap(Duration::from_millis(100), &[&shutdown, &timer]).await;
+                    continue;
+                }
+            }
+            let keep_going = || !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost();
+            let report = deliverer.pass(&keep_going).await?;
+            self.account(Trigger::Again, &report);
+            let wait = report.wait.or_else(|| {
+                (!report.did_work()).then(|| {
+                    report
+                        .next_due
+                        .map(|at| at.saturating_duration_since(Instant::now()))
+                        .unwrap_or(Duration::from_millis(50))
+                })
+            });
+            if let Some(w) = wait {
+                nap(w, &[&shutdown, &timer]).await;
+            }
+        }
+        let left = self.store.pending_through(target).await?;
+        if leading && let Some(s) = session.as_ref() {
+            if s.is_lost() {
+                error!("lost the connection while leading");
+            } else {
+                self.end_term(s).await;
+            }
+        }
+        Ok(left)
+    }
+}

@@ -1,0 +1,162 @@
+//! The outbox schema: the SQL files in `sql/schema/`, embedded, and `migrate`.
+//!
+//! The files name the table `fga_outbox`; [`render`] substitutes the configured name, which also
+//! renames the objects derived from it (`fga_outbox_notify`, `fga_outbox_pending_idx`, …) and the
+//! NOTIFY channel.
+
+use crate::config::TableName;
+use tokio_postgres::Client;
+
+/// The schema files, in the order they run.
+pub const FILES: &[(&str, &str)] = &[
+    (
+        "0001_outbox.sql",
+        include_str!("../sql/schema/0001_outbox.sql"),
+    ),
+    (
+        "0002_wakeup.sql",
+        include_str!("../sql/schema/0002_wakeup.sql"),
+    ),
+    (
+        "0003_leader.sql",
+        include_str!("../sql/schema/0003_leader.sql"),
+    ),
+];
+
+/// The name the SQL files use for the table.
+const PLACEHOLDER: &str = "fga_outbox";
+
+/// First key of the advisory lock `migrate` holds; the second is derived from the table name.
+const MIGRATE_LOCK_CLASS: i32 = 1_718_051_120;
+/// First key of the lock a relay holds while it waits for a notification (see 0002_wakeup.sql).
+pub const WAKE_LOCK_CLASS: i32 = 1_718_051_121;
+/// First key of the lock the delivering relay holds (see 0003_leader.sql).
+pub const LEADER_LOCK_CLASS: i32 = 1_718_051_122;
+
+/// A SQL text with the table name substituted.
+pub fn render(sql: &str, table: &TableName) -> String {
+    if table.as_str() == PLACEHOLDER {
+        sql.to_owned()
+    } else {
+        sql.replace(PLACEHOLDER, table.as_str())
+    }
+}
+
+/// The whole schema, as `fga-relay sql` prints it.
+pub fn full_sql(table: &TableName) -> String {
+    let mut out = String::new();
+    for (name, sql) in FILES {
+        out.push_str(&format!("-- ==== {name} ====\n"));
+        out.push_str(&render(sql, table));
+        out.push('\n');
+    }
+    out
+}
+
+/// Creates or upgrades the schema in one transaction, serialised with any concurrent `migrate`
+/// by an advisory lock, keeping every existing row.
+pub async fn migrate(client: &mut Client, table: &TableName) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&MIGRATE_LOCK_CLASS, &table.as_str()],
+    )
+    .await?;
+    for (_, sql) in FILES {
+        tx.batch_execute(&render(sql, table)).await?;
+    }
+    tx.commit().await
+}
+
+/// What is missing from the database for the relay to run.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaProblem {
+    #[error("table {0} does not exist: run `fga-relay migrate`")]
+    MissingTable(String),
+    #[error("table {table} has no column {column}: run `fga-relay migrate`")]
+    MissingColumn { table: String, column: String },
+    #[error("table {0} does not exist: run `fga-relay migrate`")]
+    MissingLeaderTable(String),
+    #[error(transparent)]
+    Db(#[from] tokio_postgres::Error),
+}
+
+/// Checks that `migrate` has run; returns the table's oid (the second key of its advisory locks)
+/// and whether the wake-up trigger is installed.
+pub async fn check(client: &Client, table: &TableName) -> Result<TableInfo, SchemaProblem> {
+    let row = client
+        .query_one(
+            "SELECT to_regclass($1)::oid::integer AS oid, to_regclass($2) IS NOT NULL AS leader",
+            &[&table.as_str(), &format!("{table}_leader")],
+        )
+        .await?;
+    let oid: Option<i32> = row.get("oid");
+    let Some(oid) = oid else {
+        return Err(SchemaProblem::MissingTable(table.to_string()));
+    };
+    let columns: Vec<String> = client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = $1::integer::oid \
+             AND attnum > 0 AND NOT attisdropped",
+            &[&oid],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for column in [
+        "id",
+        "payload",
+        "created_at",
+        "processed_at",
+        "attempts",
+        "last_error",
+        "failed_at",
+    ] {
+        if !columns.iter().any(|c| c == column) {
+            return Err(SchemaProblem::MissingColumn {
+                table: table.to_string(),
+                column: column.to_owned(),
+            });
+        }
+    }
+    if !row.get::<_, bool>("leader") {
+        return Err(SchemaProblem::MissingLeaderTable(format!("{table}_leader")));
+    }
+    let trigger = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::integer::oid \
+             AND tgname = $2 AND tgenabled <> 'D')",
+            &[&oid, &format!("{table}_notify")],
+        )
+        .await?
+        .get(0);
+    Ok(TableInfo { oid, trigger })
+}
+
+/// What [`check`] found.
+#[derive(Clone, Copy, Debug)]
+pub struct TableInfo {
+    /// The table's oid as an integer: the second key of the relay's advisory locks.
+    pub oid: i32,
+    /// Whether the wake-up trigger is installed and enabled.
+    pub trigger: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_renames_the_table_and_everything_derived_from_it() {
+        let t = TableName::parse("acl_outbox").unwrap();
+        let sql = full_sql(&t);
+        assert!(!sql.contains("fga_outbox"));
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS acl_outbox ("));
+        assert!(sql.contains("acl_outbox_pending_idx"));
+        assert!(sql.contains("pg_notify('acl_outbox', '')"));
+        assert!(sql.contains("acl_outbox_leader"));
+    }
+}

@@ -1,0 +1,241 @@
+//! Every statement the relay runs against the outbox, from the files in `sql/queries/`.
+
+use crate::config::TableName;
+use crate::schema::render;
+use deadpool_postgres::{GenericClient, Pool};
+use serde_json::Value;
+use std::time::SystemTime;
+
+/// A row as claimed for delivery.
+#[derive(Debug)]
+pub struct ClaimedRow {
+    pub id: i64,
+    pub payload: Value,
+    pub created_at: SystemTime,
+    pub attempts: i32,
+    /// False when another session holds the row: it must be treated as not yet delivered, and
+    /// nothing after it on the same tuples may be delivered.
+    pub mine: bool,
+}
+
+/// Counts by state, as `status` prints them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StatusCounts {
+    pub pending: i64,
+    pub dead: i64,
+    pub delivered: i64,
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// The SQL of `sql/queries/`, with the table name substituted once.
+#[derive(Debug)]
+struct Queries {
+    claim: String,
+    mark_delivered: String,
+    record_failure: String,
+    dead_letter: String,
+    status: String,
+    pending: String,
+    retry_dead: String,
+    retry_ids: String,
+    prune: String,
+    pending_through: String,
+    max_pending: String,
+    take_leadership: String,
+    release_leadership: String,
+}
+
+/// The outbox, through the pool.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    table: TableName,
+    q: std::sync::Arc<Queries>,
+}
+
+impl Store {
+    pub fn new(pool: Pool, table: TableName) -> Store {
+        let r = |sql: &str| render(sql, &table);
+        let q = Queries {
+            claim: r(include_str!("../sql/queries/claim.sql")),
+            mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
+            record_failure: r(include_str!("../sql/queries/record_failure.sql")),
+            dead_letter: r(include_str!("../sql/queries/dead_letter.sql")),
+            status: r(include_str!("../sql/queries/status.sql")),
+            pending: r(include_str!("../sql/queries/pending.sql")),
+            retry_dead: r(include_str!("../sql/queries/retry_dead.sql")),
+            retry_ids: r(include_str!("../sql/queries/retry_ids.sql")),
+            prune: r(include_str!("../sql/queries/prune.sql")),
+            pending_through: r(include_str!("../sql/queries/pending_through.sql")),
+            max_pending: r(include_str!("../sql/queries/max_pending.sql")),
+            take_leadership: r(include_str!("../sql/queries/take_leadership.sql")),
+            release_leadership: r(include_str!("../sql/queries/release_leadership.sql")),
+        };
+        Store {
+            pool,
+            table,
+            q: std::sync::Arc::new(q),
+        }
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// Claims the page of pending rows after `after`, within the caller's transaction.
+    pub async fn claim(
+        &self,
+        tx: &impl GenericClient,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.claim).await?;
+        let rows = tx.query(&stmt, &[&after, &limit]).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| ClaimedRow {
+                id: r.get(0),
+                payload: r.get(1),
+                created_at: r.get(2),
+                attempts: r.get(3),
+                mine: r.get(4),
+            })
+            .collect())
+    }
+
+    pub async fn mark_delivered(
+        &self,
+        tx: &impl GenericClient,
+        ids: &[i64],
+    ) -> Result<u64, tokio_postgres::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let stmt = tx.prepare_cached(&self.q.mark_delivered).await?;
+        tx.execute(&stmt, &[&ids]).await
+    }
+
+    pub async fn record_failure(
+        &self,
+        tx: &impl GenericClient,
+        ids: &[i64],
+        error: &str,
+    ) -> Result<u64, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.record_failure).await?;
+        tx.execute(&stmt, &[&ids, &error]).await
+    }
+
+    pub async fn dead_letter(
+        &self,
+        tx: &impl GenericClient,
+        id: i64,
+        reason: &str,
+    ) -> Result<u64, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.dead_letter).await?;
+        tx.execute(&stmt, &[&id, &reason]).await
+    }
+
+    pub async fn status(&self) -> Result<StatusCounts, StoreError> {
+        let (pending, oldest_pending_age_seconds) = self.status_pending().await?;
+        let client = self.pool.get().await?;
+        let row = client.query_one(&self.q.status, &[]).await?;
+        Ok(StatusCounts {
+            pending,
+            dead: row.get(0),
+            delivered: row.get(1),
+            oldest_pending_age_seconds,
+        })
+    }
+
+    /// Pending rows and the age of the oldest, in seconds.
+    pub async fn status_pending(&self) -> Result<(i64, Option<f64>), StoreError> {
+        let client = self.pool.get().await?;
+        let row = client.query_one(&self.q.pending, &[]).await?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    /// Sends dead rows back to pending: all of them, or the given ids. Returns the ids sent back
+    /// with the error that had killed each.
+    pub async fn retry(
+        &self,
+        ids: Option<&[i64]>,
+    ) -> Result<Vec<(i64, Option<String>)>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = match ids {
+            None => client.query(&self.q.retry_dead, &[]).await?,
+            Some(ids) => client.query(&self.q.retry_ids, &[&ids]).await?,
+        };
+        let mut out: Vec<(i64, Option<String>)> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        out.sort_by_key(|(id, _)| *id);
+        Ok(out)
+    }
+
+    /// Deletes one batch of delivered rows older than `cutoff`; returns how many.
+    pub async fn prune_batch(&self, cutoff: SystemTime, batch: i64) -> Result<u64, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client.execute(&self.q.prune, &[&cutoff, &batch]).await?)
+    }
+
+    pub async fn max_pending_id(&self) -> Result<Option<i64>, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client.query_one(&self.q.max_pending, &[]).await?.get(0))
+    }
+
+    pub async fn pending_through(&self, id: i64) -> Result<i64, StoreError> {
+        let client = self.pool.get().await?;
+        Ok(client
+            .query_one(&self.q.pending_through, &[&id])
+            .await?
+            .get(0))
+    }
+
+    /// Records this relay as the one delivering; returns whether the previous one let go
+    /// cleanly, and who it was.
+    pub async fn take_leadership(
+        &self,
+        holder: &str,
+    ) -> Result<(bool, Option<String>), StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(&self.q.take_leadership, &[&holder])
+            .await?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    /// Records that this relay let go cleanly, with nothing in flight.
+    pub async fn release_leadership(&self, holder: &str) -> Result<(), StoreError> {
+        let client = self.pool.get().await?;
+        client
+            .execute(&self.q.release_leadership, &[&holder])
+            .await?;
+        Ok(())
+    }
+}
+
+/// A failure to reach or use the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {}", crate::db::describe(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("database pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+}
+
+impl StoreError {
+    /// Whether waiting can fix it: a lost connection or a server restarting can; a missing
+    /// privilege, table or database (SQLSTATE classes 42, 28, 3D) cannot.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Db(e) => e.code().is_none_or(|c| {
+                let c = c.code();
+                !(c.starts_with("42") || c.starts_with("28") || c.starts_with("3D"))
+            }),
+            StoreError::Pool(_) => true,
+        }
+    }
+}
