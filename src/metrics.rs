@@ -129,6 +129,10 @@ impl Metrics {
             "Duration of Write requests to OpenFGA",
             m.request_duration_seconds.clone(),
         );
+        // Every class from the start, so that dashboards see zeros rather than no series.
+        for class in ["transient", "permanent", "configuration"] {
+            m.failed_attempts.get_or_create(&ClassLabel { class });
+        }
         m
     }
 

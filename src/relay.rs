@@ -105,6 +105,18 @@ impl Relay {
         }
     }
 
+    /// The dedicated connection's settings: the relay's, named apart so operators (and tests)
+    /// can tell it from the pool's connections in `pg_stat_activity`.
+    fn listener_config(&self) -> Config {
+        let mut cfg = self.pg.clone();
+        let name = format!(
+            "{} listener",
+            cfg.get_application_name().unwrap_or("fga-relay")
+        );
+        cfg.application_name(name);
+        cfg
+    }
+
     fn deliverer(&self) -> Deliverer {
         Deliverer::new(
             self.store.clone(),
@@ -123,7 +135,7 @@ impl Relay {
         let mut connected_before = false;
         while !shutdown.is_cancelled() {
             let session = match Session::connect(
-                &self.pg,
+                &self.listener_config(),
                 self.table.oid,
                 self.session_options(true),
             )
@@ -430,10 +442,14 @@ impl Relay {
             }
             if session.as_ref().is_none_or(Session::is_lost) {
                 leading = false;
-                session = Session::connect(&self.pg, self.table.oid, self.session_options(false))
-                    .await
-                    .map_err(|e| warn!(error = %crate::db::describe(&e), "cannot connect"))
-                    .ok();
+                session = Session::connect(
+                    &self.listener_config(),
+                    self.table.oid,
+                    self.session_options(false),
+                )
+                .await
+                .map_err(|e| warn!(error = %crate::db::describe(&e), "cannot connect"))
+                .ok();
             }
             let Some(s) = session.as_ref() else {
                 nap(Duration::from_millis(200), &[&shutdown, &timer]).await;

@@ -2,6 +2,7 @@
 //! as text or one JSON object a line. `RUST_LOG` filters; the default is `info`.
 
 use crate::config::LogFormat;
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. Safe to call more than once (later calls do nothing), which
@@ -11,7 +12,8 @@ pub fn init(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false);
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
