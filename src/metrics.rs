@@ -131,7 +131,7 @@ impl Metrics {
         );
         // Every class from the start, so that dashboards see zeros rather than no series.
         for class in ["transient", "permanent", "configuration"] {
-            m.failed_attempts.get_or_create(&ClassLabel { class });
+            let _ = m.failed_attempts.get_or_create(&ClassLabel { class });
         }
         m
     }
