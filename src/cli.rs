@@ -479,8 +479,9 @@ async fn dispatch(command: Command) -> Result<ExitCode, Failure> {
             http_addr,
         } => {
             let http_addr = config::parse_http_addr(&http_addr)?;
-            let (relay, registry) =
+            let (mut relay, registry) =
                 build_relay(db.settings()?, fga.settings()?, delivery.settings()?, "run").await?;
+            relay.systemd = Arc::new(crate::systemd::Notifier::from_env());
             let shutdown = crate::shutdown::on_signals()
                 .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
             let endpoint = Arc::new(Endpoint {
@@ -618,6 +619,7 @@ pub async fn build_relay(
         metrics,
         table,
         identity: crate::relay::identity(),
+        systemd: Arc::new(crate::systemd::Notifier::disabled()),
     };
     Ok((relay, registry))
 }

@@ -15,6 +15,7 @@
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
 //! - [`relay`]: the `run` and `drain` loops around delivery passes.
 //! - [`metrics`], [`http`]: Prometheus metrics and the `/healthz` + `/metrics` endpoint.
+//! - [`systemd`]: readiness and watchdog under `Type=notify`.
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares.
 
 pub mod backoff;
@@ -31,4 +32,5 @@ pub mod relay;
 pub mod schema;
 pub mod shutdown;
 pub mod store;
+pub mod systemd;
 pub mod telemetry;

@@ -12,7 +12,8 @@ use crate::listener::{Session, SessionOptions};
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::schema::TableInfo;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
+use crate::systemd::Notifier;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::Config;
@@ -36,6 +37,8 @@ pub struct Relay {
     pub table: TableInfo,
     /// Who this relay is, in the leader record and logs: host, process id.
     pub identity: String,
+    /// systemd's readiness and watchdog (does nothing outside systemd).
+    pub systemd: Arc<Notifier>,
 }
 
 /// How leading ended.
@@ -53,23 +56,19 @@ enum Trigger {
     Again,
 }
 
-/// A name for this process in the leader record.
+/// A name for this run of this process in the leader record: host and pid for people, and a
+/// random tag, because a restarted container has the same host name and pid (1) as the one that
+/// crashed, and must not take that one's unclean exit for its own.
 pub fn identity() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "unknown-host".to_owned());
-    format!("{host} pid {}", std::process::id())
-}
-
-/// Sleeps for `d`, or until `stop` fires; returns false if it did.
-async fn nap(d: Duration, stop: &[&CancellationToken]) -> bool {
-    let sleep = tokio::time::sleep(d);
-    tokio::pin!(sleep);
-    tokio::select! {
-        _ = &mut sleep => true,
-        _ = any_cancelled(stop) => false,
-    }
+    format!(
+        "{host} pid {} run {:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    )
 }
 
 async fn any_cancelled(tokens: &[&CancellationToken]) {
@@ -94,6 +93,23 @@ async fn futures_select_all<F: std::future::Future<Output = ()> + Unpin>(mut fut
 }
 
 impl Relay {
+    /// Sleeps for `d`, or until one of `stop` fires (then returns false), feeding the systemd
+    /// watchdog meanwhile: waiting is the main loop's work too.
+    async fn nap(&self, d: Duration, stop: &[&CancellationToken]) -> bool {
+        let until = tokio::time::Instant::now() + d;
+        loop {
+            self.systemd.alive();
+            let step = until.min(tokio::time::Instant::now() + self.systemd.feed_interval());
+            tokio::select! {
+                _ = tokio::time::sleep_until(step) => {}
+                _ = any_cancelled(stop) => return false,
+            }
+            if tokio::time::Instant::now() >= until {
+                return true;
+            }
+        }
+    }
+
     fn session_options(&self, listen: bool) -> SessionOptions<'_> {
         let metrics = self.metrics.clone();
         SessionOptions {
@@ -147,7 +163,7 @@ impl Relay {
                     let wait = RECONNECT_BACKOFF.delay(failures);
                     warn!(error = %crate::db::describe(&e), retry_in = ?wait,
                         "cannot open the LISTEN connection");
-                    if !nap(wait, &[&shutdown]).await {
+                    if !self.nap(wait, &[&shutdown]).await {
                         break;
                     }
                     continue;
@@ -163,6 +179,7 @@ impl Relay {
             connected_before = true;
             self.metrics.listen_connected.set(1);
             ready(true);
+            self.systemd.ready("LISTEN connection up");
 
             let end = match self.stand_by(&session, &shutdown).await {
                 Ok(true) => self.lead(&session, &mut deliverer, &shutdown).await,
@@ -182,6 +199,7 @@ impl Relay {
                 }
             }
         }
+        self.systemd.stopping();
         info!("relay stopped");
     }
 
@@ -193,6 +211,7 @@ impl Relay {
                 Ok(true) => return Ok(true),
                 Ok(false) => {
                     if !announced {
+                        self.systemd.status("standby: another relay is delivering");
                         info!("another relay is delivering; standing by");
                         announced = true;
                     }
@@ -202,10 +221,18 @@ impl Relay {
                     return Err(());
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(self.delivery.heartbeat_interval) => {}
-                _ = session.lost().cancelled() => return Err(()),
-                _ = shutdown.cancelled() => return Ok(false),
+            if !self
+                .nap(
+                    self.delivery.heartbeat_interval,
+                    &[shutdown, session.lost()],
+                )
+                .await
+            {
+                return if shutdown.is_cancelled() {
+                    Ok(false)
+                } else {
+                    Err(())
+                };
             }
         }
     }
@@ -221,7 +248,10 @@ impl Relay {
             }
         };
         self.metrics.leader.set(1);
-        if clean {
+        // Our own earlier term in this process ended when its session was lost, but the pass
+        // that was running finished its Write before we got here: nothing of ours is in flight.
+        self.systemd.status("leader: delivering");
+        if clean || previous.as_deref() == Some(self.identity.as_str()) {
             info!("delivering (leader)");
             return Ok(true);
         }
@@ -229,7 +259,7 @@ impl Relay {
         info!(previous = previous.as_deref().unwrap_or("?"), wait = ?fence,
             "delivering (leader); the previous leader did not let go cleanly, so waiting one \
              request timeout before the first write");
-        Ok(nap(fence, stop).await)
+        Ok(self.nap(fence, stop).await)
     }
 
     async fn end_term(&self, session: &Session) {
@@ -270,16 +300,20 @@ impl Relay {
         let mut spins = 0u32;
         let keep_going = || !shutdown.is_cancelled() && !session.is_lost();
         loop {
+            self.systemd.alive();
             let report = match deliverer.pass(&keep_going).await {
                 Ok(r) => {
                     db_failures = 0;
                     r
                 }
                 Err(e) => {
+                    if self.read_only(&e) {
+                        break;
+                    }
                     db_failures += 1;
                     let wait = DB_BACKOFF.delay(db_failures);
                     warn!(error = %e, retry_in = ?wait, "database error while draining");
-                    if !nap(wait, &stop).await {
+                    if !self.nap(wait, &stop).await {
                         break;
                     }
                     continue;
@@ -290,7 +324,7 @@ impl Relay {
                 break;
             }
             if let Some(wait) = report.wait {
-                if !nap(wait, &stop).await {
+                if !self.nap(wait, &stop).await {
                     break;
                 }
                 trigger = Trigger::Again;
@@ -309,7 +343,7 @@ impl Relay {
                     // Writers hold it: they are inserting right now. Drain again shortly.
                     spins += 1;
                     let wait = Duration::from_micros(500 * u64::from(spins.min(100)));
-                    if !nap(wait, &stop).await {
+                    if !self.nap(wait, &stop).await {
                         break;
                     }
                     trigger = Trigger::Again;
@@ -336,7 +370,7 @@ impl Relay {
                     break;
                 }
                 if let Some(wait) = last_look.wait
-                    && !nap(wait, &stop).await
+                    && !self.nap(wait, &stop).await
                 {
                     break;
                 }
@@ -350,12 +384,17 @@ impl Relay {
                     None => std::future::pending().await,
                 }
             };
-            trigger = tokio::select! {
-                _ = session.wake().notified() => Trigger::Notification,
-                _ = sweep.tick() => Trigger::Sweep,
-                _ = retry => Trigger::Again,
-                _ = shutdown.cancelled() => Trigger::Again,
-                _ = session.lost().cancelled() => Trigger::Again,
+            tokio::pin!(retry);
+            trigger = loop {
+                self.systemd.alive();
+                tokio::select! {
+                    _ = session.wake().notified() => break Trigger::Notification,
+                    _ = sweep.tick() => break Trigger::Sweep,
+                    _ = &mut retry => break Trigger::Again,
+                    _ = shutdown.cancelled() => break Trigger::Again,
+                    _ = session.lost().cancelled() => break Trigger::Again,
+                    _ = tokio::time::sleep(self.systemd.feed_interval()) => {}
+                }
             };
             if session.is_lost() {
                 break;
@@ -376,6 +415,19 @@ impl Relay {
             return LeadEnd::Shutdown;
         }
         LeadEnd::Lost
+    }
+
+    /// After a write refused as read-only, drops every pooled connection so that the next ones
+    /// go to a writable server (`target_session_attrs=read-write`); the caller drops its session
+    /// too. Returns whether that was the case.
+    fn read_only(&self, e: &StoreError) -> bool {
+        if !e.is_read_only() {
+            return false;
+        }
+        warn!(error = %e, "the database is read-only (a standby after a failover?); \
+            reconnecting to a writable server");
+        self.store.pool().retain(|_, _| false);
+        true
     }
 
     fn account(&self, trigger: Trigger, report: &PassReport) {
@@ -452,7 +504,8 @@ impl Relay {
                 .ok();
             }
             let Some(s) = session.as_ref() else {
-                nap(Duration::from_millis(200), &[&shutdown, &timer]).await;
+                self.nap(Duration::from_millis(200), &[&shutdown, &timer])
+                    .await;
                 continue;
             };
             if !leading {
@@ -470,7 +523,8 @@ impl Relay {
                         info!("another relay is delivering; waiting for it");
                         waiting_logged = true;
                     }
-                    nap(Duration::from_millis(100), &[&shutdown, &timer]).await;
+                    self.nap(Duration::from_millis(100), &[&shutdown, &timer])
+                        .await;
                     continue;
                 }
             }
@@ -486,7 +540,7 @@ impl Relay {
                 })
             });
             if let Some(w) = wait {
-                nap(w, &[&shutdown, &timer]).await;
+                self.nap(w, &[&shutdown, &timer]).await;
             }
         }
         let left = self.store.pending_through(target).await?;

@@ -227,6 +227,14 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the server refused a write because it is read-only (a standby after a failover,
+    /// or `default_transaction_read_only`): the connections must be made again, to a writable
+    /// server.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, StoreError::Db(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION))
+    }
+
     /// Whether waiting can fix it: a lost connection or a server restarting can; a missing
     /// privilege, table or database (SQLSTATE classes 42, 28, 3D) cannot.
     pub fn is_retryable(&self) -> bool {
