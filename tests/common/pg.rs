@@ -1,0 +1,369 @@
+//! A real PostgreSQL for tests, started by the test itself.
+//!
+//! With `TEST_DATABASE_URL` (or `DATABASE_URL`) set, each [`TestDb`] is a fresh database on that
+//! server, dropped afterwards. Otherwise each [`TestDb`] is its own cluster: `initdb` (copied from
+//! a template made once per machine and user) and `pg_ctl start` on a Unix socket in a short temp
+//! directory, stopped and removed on drop. As root, every PostgreSQL tool runs through
+//! `runuser -u postgres --`, since PostgreSQL refuses to run as root.
+//!
+//! NOTIFY reaches only listeners of the same database, so a database per test also isolates the
+//! relay's wake-ups.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// One PostgreSQL database for one test.
+pub struct TestDb {
+    /// Connection string for the test's database (key=value form, accepted by tokio-postgres).
+    url: String,
+    kind: Kind,
+}
+
+enum Kind {
+    /// A cluster of our own; `dir` holds `data/`, the socket and the log.
+    Cluster { dir: PathBuf, bin: PathBuf },
+    /// A database on a server we were given; `admin_url` connects to its `postgres` database.
+    Shared { admin_url: String, name: String },
+}
+
+impl TestDb {
+    /// Starts a cluster (or creates a database on the given server) and returns once it accepts
+    /// connections.
+    pub fn start() -> TestDb {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        if let Some(admin) = std::env::var("TEST_DATABASE_URL")
+            .ok()
+            .or_else(|| std::env::var("DATABASE_URL").ok())
+            .filter(|s| !s.is_empty())
+        {
+            let name = format!("relay_t_{}_{}", std::process::id(), n);
+            run_sql(&admin, &format!("CREATE DATABASE {name}"));
+            let url = with_dbname(&admin, &name);
+            return TestDb {
+                url,
+                kind: Kind::Shared {
+                    admin_url: admin,
+                    name,
+                },
+            };
+        }
+        let bin = pg_bindir();
+        let dir = std::env::temp_dir().join(format!("pgt-{}-{}", std::process::id(), n));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the cluster directory");
+        let template = template_cluster(&bin);
+        copy_dir(&template, &dir.join("data"));
+        chown_to_postgres(&dir);
+        let db = TestDb {
+            url: format!(
+                "host={} port=5432 user=postgres dbname=postgres",
+                dir.display()
+            ),
+            kind: Kind::Cluster { dir, bin },
+        };
+        db.pg_ctl_start();
+        db
+    }
+
+    /// The connection string, for the relay's `DATABASE_URL`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The directory holding the Unix socket, when this is a cluster of our own.
+    pub fn socket_dir(&self) -> Option<&Path> {
+        match &self.kind {
+            Kind::Cluster { dir, .. } => Some(dir),
+            Kind::Shared { .. } => None,
+        }
+    }
+
+    /// A new connection, driven on the current runtime.
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("connect to the test database: {e}"));
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        client
+    }
+
+    /// Stops the server at once (`-m immediate`: a crash, as far as the clients can tell).
+    pub fn stop_immediately(&self) {
+        self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
+    }
+
+    /// Starts the server again after [`TestDb::stop_immediately`].
+    pub fn restart_after_stop(&self) {
+        self.pg_ctl_start();
+    }
+
+    /// Restarts the server (`pg_ctl restart -m fast`), ending every session.
+    pub fn restart(&self) {
+        self.stop_immediately();
+        self.pg_ctl_start();
+    }
+
+    fn pg_ctl_start(&self) {
+        let Kind::Cluster { dir, .. } = &self.kind else {
+            panic!("only a cluster of our own can be started or stopped");
+        };
+        let opts = format!(
+            "-c listen_addresses='' -k {} -c fsync=off -c synchronous_commit=off \
+             -c full_page_writes=off -c max_connections=200 -c shared_buffers=128MB",
+            dir.display()
+        );
+        self.pg_ctl(&[
+            "-l",
+            &dir.join("log").display().to_string(),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            &opts,
+            "start",
+        ]);
+    }
+
+    fn pg_ctl(&self, args: &[&str]) {
+        let Kind::Cluster { dir, bin } = &self.kind else {
+            panic!("only a cluster of our own can be started or stopped");
+        };
+        let data = dir.join("data");
+        let mut full = vec!["-D", data.to_str().unwrap()];
+        full.extend_from_slice(args);
+        let out = pg_tool(&bin.join("pg_ctl"), &full)
+            .output()
+            .expect("run pg_ctl");
+        if !out.status.success() {
+            let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+            panic!(
+                "pg_ctl {args:?} failed: {}\n{}\nserver log:\n{log}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        match &self.kind {
+            Kind::Cluster { dir, bin } => {
+                let data = dir.join("data");
+                let _ = pg_tool(
+                    &bin.join("pg_ctl"),
+                    &[
+                        "-D",
+                        data.to_str().unwrap(),
+                        "-m",
+                        "immediate",
+                        "-w",
+                        "stop",
+                    ],
+                )
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Kind::Shared { admin_url, name } => {
+                run_sql(
+                    admin_url,
+                    &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                );
+            }
+        }
+    }
+}
+
+/// Runs one statement through a short-lived connection on a throwaway runtime (usable from
+/// synchronous code such as `Drop`).
+fn run_sql(url: &str, sql: &str) {
+    let url = url.to_owned();
+    let sql = sql.to_owned();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            client
+                .batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        })
+    })
+    .join()
+    .unwrap();
+}
+
+/// Replaces (or adds) the database name in a URL or key=value connection string.
+fn with_dbname(url: &str, name: &str) -> String {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let (base, query) = match url.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (url, None),
+        };
+        let scheme_end = base.find("://").unwrap() + 3;
+        let path_start = base[scheme_end..]
+            .find('/')
+            .map(|i| i + scheme_end)
+            .unwrap_or(base.len());
+        let mut out = format!("{}/{}", &base[..path_start], name);
+        if let Some(q) = query {
+            out.push('?');
+            out.push_str(q);
+        }
+        out
+    } else {
+        let kept: Vec<&str> = url
+            .split_whitespace()
+            .filter(|kv| !kv.starts_with("dbname="))
+            .collect();
+        format!("{} dbname={name}", kept.join(" "))
+    }
+}
+
+/// Finds PostgreSQL's server binaries: `PG_BINDIR`, then `pg_config --bindir`, then the newest
+/// `/usr/lib/postgresql/*/bin`.
+fn pg_bindir() -> PathBuf {
+    if let Ok(dir) = std::env::var("PG_BINDIR") {
+        return PathBuf::from(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return bin;
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return dir;
+        }
+    }
+    panic!(
+        "no PostgreSQL server binaries found (looked at PG_BINDIR, /usr/lib/postgresql/*/bin, \
+         pg_config --bindir): install them (apt-get install -y postgresql) or set TEST_DATABASE_URL"
+    );
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A command for a PostgreSQL tool, run as `postgres` when we are root.
+fn pg_tool(tool: &Path, args: &[&str]) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(tool).args(args);
+        c
+    } else {
+        let mut c = Command::new(tool);
+        c.args(args);
+        c
+    }
+}
+
+fn chown_to_postgres(dir: &Path) {
+    if is_root() {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir)
+            .status()
+            .expect("run chown");
+        assert!(status.success(), "chown -R postgres {}", dir.display());
+    }
+}
+
+/// An initialised data directory to copy, made once per machine and user (initdb takes about a
+/// second; a copy a few milliseconds). Made under a temporary name and renamed into place, so
+/// concurrent test processes never see half of one.
+fn template_cluster(bin: &Path) -> PathBuf {
+    let version = bin
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|v| v.to_str())
+        .unwrap_or("x")
+        .to_owned();
+    let template = std::env::temp_dir().join(format!("fga-relay-pgtemplate-{version}"));
+    if template.join("PG_VERSION").exists() {
+        return template;
+    }
+    let tmp = std::env::temp_dir().join(format!(
+        "fga-relay-pgtemplate-{version}.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    chown_to_postgres(&tmp);
+    let out = pg_tool(
+        &bin.join("initdb"),
+        &[
+            "-D",
+            tmp.to_str().unwrap(),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ],
+    )
+    .output()
+    .expect("run initdb");
+    assert!(
+        out.status.success(),
+        "initdb failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Another process may have won the race; either template is good.
+    if std::fs::rename(&tmp, &template).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    template
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("run cp");
+    assert!(
+        status.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
+}
+
+/// How long tests wait for something that should happen promptly. Generous: the machines that
+/// run the tests are shared and noisy; a condition that holds returns at once anyway.
+pub const PROMPTLY: Duration = Duration::from_secs(10);

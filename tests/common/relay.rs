@@ -1,0 +1,281 @@
+//! Running the real `fga-relay` binary against a test database and the OpenFGA stand-in: as a
+//! daemon (`run`, killed or stopped like a real process) or as a one-shot command.
+
+use super::fga::FakeFga;
+use super::pg::TestDb;
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fga-relay");
+
+static LOGS: AtomicUsize = AtomicUsize::new(0);
+
+/// A database with the schema migrated, and an OpenFGA stand-in.
+pub struct Env {
+    pub db: TestDb,
+    pub fga: FakeFga,
+}
+
+impl Env {
+    /// A migrated database and a default stand-in.
+    pub async fn start() -> Env {
+        Env::with_fga(FakeFga::start()).await
+    }
+
+    pub async fn with_fga(fga: FakeFga) -> Env {
+        let env = Env {
+            db: TestDb::start(),
+            fga,
+        };
+        let out = env.command(&["migrate"]).output().expect("run migrate");
+        assert_success(&out, "fga-relay migrate");
+        env
+    }
+
+    /// The environment every relay command of this test gets: database, store, and quick
+    /// timings suited to tests (a sweep far away, so that only notifications can explain a
+    /// prompt delivery).
+    pub fn vars(&self) -> Vec<(String, String)> {
+        [
+            ("DATABASE_URL", self.db.url().to_owned()),
+            ("FGA_API_URL", self.fga.url()),
+            ("FGA_STORE_ID", super::fga::STORE_ID.to_owned()),
+            ("FGA_RELAY_SWEEP_INTERVAL", "1h".to_owned()),
+            ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s".to_owned()),
+            ("FGA_RELAY_REQUEST_TIMEOUT", "2s".to_owned()),
+            ("FGA_RELAY_HTTP_ADDR", "off".to_owned()),
+            ("RUST_LOG", "info,fga_relay=debug".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    /// `fga-relay ARGS` with this environment (nothing inherited from the test's own but PATH).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args).env_clear().envs(self.vars());
+        if let Ok(path) = std::env::var("PATH") {
+            c.env("PATH", path);
+        }
+        c
+    }
+
+    /// Starts `fga-relay run`, with extra environment on top of [`Env::vars`].
+    pub fn spawn_relay(&self, extra: &[(&str, &str)]) -> RelayProc {
+        let mut c = self.command(&["run"]);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        RelayProc::spawn(c)
+    }
+
+    /// Starts a relay and waits until it leads (delivers).
+    pub async fn start_relay(&self) -> RelayProc {
+        let relay = self.spawn_relay(&[]);
+        relay.wait_for_log("delivering (leader)").await;
+        relay
+    }
+
+    /// Inserts one outbox row in its own transaction; returns its id.
+    pub async fn insert(&self, payload: serde_json::Value) -> i64 {
+        let client = self.db.connect().await;
+        insert_with(&client, payload).await
+    }
+
+    /// The state of a row: (processed, dead, attempts, last_error).
+    pub async fn row(&self, id: i64) -> RowState {
+        let client = self.db.connect().await;
+        let r = client
+            .query_one(
+                "SELECT processed_at IS NOT NULL, failed_at IS NOT NULL, attempts, last_error \
+                 FROM fga_outbox WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .expect("row exists");
+        RowState {
+            delivered: r.get(0),
+            dead: r.get(1),
+            attempts: r.get(2),
+            last_error: r.get(3),
+        }
+    }
+
+    /// How many rows are pending.
+    pub async fn pending(&self) -> i64 {
+        let client = self.db.connect().await;
+        client
+            .query_one(
+                "SELECT count(*) FROM fga_outbox WHERE processed_at IS NULL AND failed_at IS NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowState {
+    pub delivered: bool,
+    pub dead: bool,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+}
+
+/// Inserts one outbox row through `client`; returns its id.
+pub async fn insert_with(client: &tokio_postgres::Client, payload: serde_json::Value) -> i64 {
+    client
+        .query_one(
+            "INSERT INTO fga_outbox (payload) VALUES ($1) RETURNING id",
+            &[&payload],
+        )
+        .await
+        .expect("insert an outbox row")
+        .get(0)
+}
+
+/// A tuple-key JSON object.
+pub fn tk(user: &str, relation: &str, object: &str) -> serde_json::Value {
+    serde_json::json!({"user": user, "relation": relation, "object": object})
+}
+
+/// A payload writing the given tuples.
+pub fn writes(tuples: &[serde_json::Value]) -> serde_json::Value {
+    serde_json::json!({ "writes": tuples })
+}
+
+/// A payload deleting the given tuples.
+pub fn deletes(tuples: &[serde_json::Value]) -> serde_json::Value {
+    serde_json::json!({ "deletes": tuples })
+}
+
+/// A running `fga-relay run` process. Killed (SIGKILL) on drop if still running.
+pub struct RelayProc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl RelayProc {
+    pub fn spawn(mut c: Command) -> RelayProc {
+        let log = std::env::temp_dir().join(format!(
+            "fga-relay-test-{}-{}.log",
+            std::process::id(),
+            LOGS.fetch_add(1, Ordering::SeqCst)
+        ));
+        let file = std::fs::File::create(&log).expect("create the relay's log file");
+        let child = c
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn fga-relay");
+        RelayProc { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the relay logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the relay logs a line containing `needle`; panics with the log otherwise.
+    pub async fn wait_for_log(&self, needle: &str) {
+        self.wait_for_log_count(needle, 1).await;
+    }
+
+    /// Waits until `needle` appears at least `n` times in the log.
+    pub async fn wait_for_log_count(&self, needle: &str, n: usize) {
+        let deadline = Instant::now() + super::pg::PROMPTLY;
+        loop {
+            let logs = self.logs();
+            if logs.matches(needle).count() >= n {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("the relay did not log {needle:?} ({n}x) in time; its log:\n{logs}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL: the process dies at once, wherever it is.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM.
+    pub fn term(&self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+    }
+
+    /// Waits for the process to exit; panics after `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the relay") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("the relay did not exit in time; its log:\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- relay log ({}) ---\n{}",
+                self.log.display(),
+                self.logs()
+            );
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Panics with the command's output unless it succeeded.
+pub fn assert_success(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed with {}:\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Polls an async condition every 20 ms until it holds; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f().await {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

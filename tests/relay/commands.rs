@@ -1,0 +1,218 @@
+//! The commands around the daemon: migrate, sql, drain, status, retry, prune.
+
+use crate::common::pg::TestDb;
+use crate::common::relay::{BIN, Env, assert_success, tk, writes};
+use std::process::Command;
+
+/// The table as an application creates it before it has ever heard of the relay, with rows.
+const APP_DDL: &str = "CREATE TABLE fga_outbox (
+    id bigserial PRIMARY KEY,
+    payload jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    processed_at timestamptz,
+    attempts integer NOT NULL DEFAULT 0,
+    last_error text);
+  CREATE INDEX fga_outbox_pending_idx ON fga_outbox (id) WHERE processed_at IS NULL;";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_adopts_an_existing_table_keeps_its_rows_and_they_are_delivered() {
+    let db = TestDb::start();
+    let client = db.connect().await;
+    client.batch_execute(APP_DDL).await.unwrap();
+    for i in 0..10 {
+        client
+            .execute(
+                "INSERT INTO fga_outbox (payload) VALUES ($1)",
+                &[&writes(&[tk(
+                    &format!("user:u{i}"),
+                    "viewer",
+                    "document:1",
+                )])],
+            )
+            .await
+            .unwrap();
+    }
+    client
+        .execute(
+            "INSERT INTO fga_outbox (payload, processed_at) VALUES ($1, now())",
+            &[&writes(&[tk("user:old", "viewer", "document:1")])],
+        )
+        .await
+        .unwrap();
+    let fga = crate::common::fga::FakeFga::start();
+    // Env::with_fga runs migrate on a fresh database; here the database already has the table.
+    let env = Env { db, fga };
+    // Twice, and two at once: idempotent and safe concurrently.
+    let quiet = |mut c: Command| c.stderr(std::process::Stdio::null()).spawn().unwrap();
+    let a = quiet(env.command(&["migrate"]));
+    let b = quiet(env.command(&["migrate"]));
+    for mut child in [a, b] {
+        assert!(child.wait().unwrap().success());
+    }
+    assert_success(
+        &env.command(&["migrate"]).output().unwrap(),
+        "third migrate",
+    );
+    let count: i64 = client
+        .query_one("SELECT count(*) FROM fga_outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 11, "every row kept");
+    assert_success(
+        &env.command(&["drain", "--timeout", "20s"])
+            .output()
+            .unwrap(),
+        "drain",
+    );
+    assert_eq!(
+        env.fga.tuples().len(),
+        10,
+        "the pending rows, and not the delivered one"
+    );
+    assert!(!env.fga.has("user:old", "viewer", "document:1"));
+}
+
+#[test]
+fn sql_prints_the_schema_with_the_table_name() {
+    let out = Command::new(BIN)
+        .args(["sql", "--table", "acl_outbox"])
+        .output()
+        .unwrap();
+    assert_success(&out, "fga-relay sql");
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS acl_outbox"));
+    assert!(sql.contains("pg_notify('acl_outbox', '')"));
+    assert!(!sql.contains("fga_outbox"));
+}
+
+/// `sql`'s output is what `migrate` runs: a user's own migration tool gets the same schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_sql_creates_a_schema_the_relay_accepts() {
+    let db = TestDb::start();
+    let out = Command::new(BIN).arg("sql").output().unwrap();
+    let client = db.connect().await;
+    client
+        .batch_execute(&String::from_utf8(out.stdout).unwrap())
+        .await
+        .unwrap();
+    let env = Env {
+        db,
+        fga: crate::common::fga::FakeFga::start(),
+    };
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    assert_success(
+        &env.command(&["drain", "--timeout", "20s"])
+            .output()
+            .unwrap(),
+        "drain",
+    );
+    assert!(env.fga.has("user:anne", "viewer", "document:1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_exits_1_when_rows_are_still_pending_at_its_timeout() {
+    let env = Env::start().await;
+    env.fga.set_refusing(true);
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let out = env.command(&["drain", "--timeout", "2s"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = env.row(id).await;
+    assert!(
+        !row.delivered && !row.dead,
+        "an outage dead-letters nothing: {row:?}"
+    );
+    assert!(
+        row.attempts >= 1,
+        "the failed attempts are recorded: {row:?}"
+    );
+    assert!(row.last_error.is_some());
+    env.fga.set_refusing(false);
+    assert_success(
+        &env.command(&["drain", "--timeout", "20s"])
+            .output()
+            .unwrap(),
+        "drain after",
+    );
+    assert!(env.row(id).await.delivered);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_retry_and_prune() {
+    let env = Env::start().await;
+    let delivered = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    assert_success(
+        &env.command(&["drain", "--timeout", "20s"])
+            .output()
+            .unwrap(),
+        "drain",
+    );
+    env.insert(writes(&[tk("user:bob", "viewer", "document:1")]))
+        .await;
+
+    let out = env.command(&["status", "--json"]).output().unwrap();
+    assert_success(&out, "status");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["pending"], 1);
+    assert_eq!(s["dead"], 1);
+    assert_eq!(s["delivered"], 1);
+    assert!(s["oldest_pending_age_seconds"].as_f64().unwrap() >= 0.0);
+
+    // A dead row goes back to pending; a delivered one is left alone.
+    let out = env
+        .command(&["retry", &dead.to_string(), &delivered.to_string()])
+        .output()
+        .unwrap();
+    assert_success(&out, "retry");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 row(s)"));
+    let row = env.row(dead).await;
+    assert!(!row.dead && !row.delivered);
+
+    // Prune only deletes delivered rows older than the cutoff.
+    assert_success(
+        &env.command(&["prune", "--older-than", "1h"])
+            .output()
+            .unwrap(),
+        "prune 1h",
+    );
+    let client = env.db.connect().await;
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM fga_outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 3);
+    assert_success(
+        &env.command(&["prune", "--older-than", "0s"])
+            .output()
+            .unwrap(),
+        "prune 0s",
+    );
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM fga_outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2, "the delivered row is gone; the pending ones stay");
+    assert!(
+        client
+            .query_opt("SELECT 1 FROM fga_outbox WHERE id = $1", &[&delivered])
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let out = env.command(&["status"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pending    2"));
+}

@@ -1,0 +1,234 @@
+//! What reaches OpenFGA, and how.
+
+use crate::common::fga::FakeFga;
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, assert_success, deletes, insert_with, tk, wait_until, writes};
+use serde_json::{Value, json};
+
+/// SPEC §1's example: both tuples travel in one Write, so that a member of the organization
+/// never has one without the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_two_tuples_of_one_row_arrive_in_one_write() {
+    let env = Env::start().await;
+    let _relay = env.start_relay().await;
+    let id = env
+        .insert(writes(&[
+            tk("capture_job:7f170ae4", "parent", "archive:3a4cb75c"),
+            tk("organization:acme", "parent", "capture_job:7f170ae4"),
+        ]))
+        .await;
+    wait_until(PROMPTLY, "the row is delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    assert!(
+        env.fga
+            .has("capture_job:7f170ae4", "parent", "archive:3a4cb75c")
+    );
+    assert!(
+        env.fga
+            .has("organization:acme", "parent", "capture_job:7f170ae4")
+    );
+    let ok: Vec<_> = env
+        .fga
+        .writes()
+        .into_iter()
+        .filter(|w| w.status == 200)
+        .collect();
+    assert_eq!(
+        ok.len(),
+        1,
+        "one Write carries both tuples: {:?}",
+        ok.iter().map(|w| &w.body).collect::<Vec<_>>()
+    );
+    let keys = ok[0].body["writes"]["tuple_keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(ok[0].body["writes"]["on_duplicate"], "ignore");
+}
+
+/// A row larger than OpenFGA's limit is split, and no Write carries more than 100 tuples.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_of_250_tuples_goes_out_in_writes_of_at_most_100() {
+    let env = Env::start().await;
+    let tuples: Vec<Value> = (0..250)
+        .map(|i| tk(&format!("user:u{i}"), "viewer", "document:big"))
+        .collect();
+    let id = env.insert(writes(&tuples)).await;
+    let _relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the row is delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    let sizes: Vec<usize> = env
+        .fga
+        .writes()
+        .iter()
+        .map(|w| {
+            w.body["writes"]["tuple_keys"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .collect();
+    assert!(sizes.iter().all(|&n| n <= 100), "{sizes:?}");
+    assert_eq!(sizes.iter().sum::<usize>(), 250, "{sizes:?}");
+    assert_eq!(sizes.len(), 3, "{sizes:?}");
+    assert_eq!(env.fga.tuples().len(), 250);
+}
+
+/// Many small rows share Writes (as few as the limit allows), and a tuple never appears twice in
+/// one Write: the second operation on it waits for the next Write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_batched_without_repeating_a_tuple_in_one_write() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    for i in 0..120 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:u{i}"), "viewer", "document:1")]),
+        )
+        .await;
+    }
+    // The same tuple again, deleted: it must not share a Write with its write.
+    insert_with(&client, deletes(&[tk("user:u0", "viewer", "document:1")])).await;
+    let _relay = env.start_relay().await;
+    wait_until(PROMPTLY, "everything is delivered", || async {
+        env.pending().await == 0
+    })
+    .await;
+    let ok: Vec<_> = env
+        .fga
+        .writes()
+        .into_iter()
+        .filter(|w| w.status == 200)
+        .collect();
+    for w in &ok {
+        let mut seen = std::collections::HashSet::new();
+        for part in ["writes", "deletes"] {
+            for k in w.body[part]["tuple_keys"].as_array().into_iter().flatten() {
+                assert!(
+                    seen.insert(k.to_string()),
+                    "a tuple twice in one write: {}",
+                    w.body
+                );
+            }
+        }
+    }
+    assert_eq!(ok.len(), 2, "121 operations need two Writes");
+    assert!(
+        !env.fga.has("user:u0", "viewer", "document:1"),
+        "the delete came last"
+    );
+    assert!(env.fga.has("user:u1", "viewer", "document:1"));
+}
+
+/// At least once means a row may be delivered again (a crash between OpenFGA's answer and the
+/// mark): OpenFGA must end exactly as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivering_the_same_row_twice_leaves_openfga_unchanged() {
+    let env = Env::start().await;
+    let id = env
+        .insert(json!({
+            "writes": [tk("user:anne", "viewer", "document:1")],
+            "deletes": [tk("user:bob", "viewer", "document:1")]
+        }))
+        .await;
+    let drain = env
+        .command(&["drain", "--timeout", "20s"])
+        .output()
+        .unwrap();
+    assert_success(&drain, "first drain");
+    assert!(env.row(id).await.delivered);
+    let before = env.fga.tuples();
+    let changes_before = env.fga.changelog().len();
+
+    // As if the relay had crashed before marking the row.
+    let client = env.db.connect().await;
+    client
+        .execute(
+            "UPDATE fga_outbox SET processed_at = NULL WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let drain = env
+        .command(&["drain", "--timeout", "20s"])
+        .output()
+        .unwrap();
+    assert_success(&drain, "second drain");
+
+    assert!(env.row(id).await.delivered);
+    assert_eq!(env.fga.writes().len(), 2, "the row really was sent twice");
+    assert_eq!(env.fga.tuples(), before);
+    assert_eq!(
+        env.fga.changelog().len(),
+        changes_before,
+        "the second delivery changed nothing"
+    );
+}
+
+/// An OpenFGA older than 1.10 ignores on_duplicate/on_missing and answers a duplicate with 400:
+/// that counts as success for the tuple, and the rest of the Write still goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_openfga_answering_duplicate_counts_as_delivered() {
+    let env = Env::with_fga(FakeFga::builder().legacy().start()).await;
+    env.fga.insert_tuple(crate::common::fga::StoredTuple::new(
+        "user:anne",
+        "viewer",
+        "document:1",
+    ));
+    let dup = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let missing = env
+        .insert(deletes(&[tk("user:zed", "viewer", "document:1")]))
+        .await;
+    let fresh = env
+        .insert(writes(&[tk("user:carl", "viewer", "document:1")]))
+        .await;
+    let out = env
+        .command(&["drain", "--timeout", "20s"])
+        .output()
+        .unwrap();
+    assert_success(&out, "drain");
+    for id in [dup, missing, fresh] {
+        let row = env.row(id).await;
+        assert!(row.delivered && !row.dead, "row {id}: {row:?}");
+    }
+    assert!(env.fga.has("user:carl", "viewer", "document:1"));
+    assert!(env.fga.has("user:anne", "viewer", "document:1"));
+}
+
+/// For one tuple, operations reach OpenFGA in outbox id order: the last one wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_on_one_tuple_arrive_in_id_order() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    let t = tk("user:anne", "viewer", "document:7");
+    for i in 0..50 {
+        let p = if i % 2 == 0 {
+            writes(std::slice::from_ref(&t))
+        } else {
+            deletes(std::slice::from_ref(&t))
+        };
+        insert_with(&client, p).await;
+    }
+    insert_with(&client, writes(std::slice::from_ref(&t))).await;
+    let _relay = env.start_relay().await;
+    wait_until(PROMPTLY, "everything is delivered", || async {
+        env.pending().await == 0
+    })
+    .await;
+    let ops: Vec<bool> = env
+        .fga
+        .changelog()
+        .iter()
+        .filter(|c| c.user == "user:anne")
+        .map(|c| matches!(c.op, crate::common::fga::Op::Write))
+        .collect();
+    assert_eq!(ops.len(), 51);
+    assert!(
+        ops.iter().enumerate().all(|(i, &w)| w == (i % 2 == 0)),
+        "{ops:?}"
+    );
+    assert!(env.fga.has("user:anne", "viewer", "document:7"));
+}

@@ -1,0 +1,11 @@
+//! Black-box tests of the `fga-relay` binary against a real PostgreSQL (started by the tests)
+//! and an OpenFGA stand-in that answers as OpenFGA does.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod commands;
+mod delivery;
+mod listen;
+mod payloads;
+mod settings;

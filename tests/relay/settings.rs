@@ -1,0 +1,142 @@
+//! Bad settings stop the binary at once with exit status 2 and one line naming the setting;
+//! secrets never reach a log line.
+
+use crate::common::pg::{PROMPTLY, TestDb};
+use crate::common::relay::{BIN, Env};
+use std::process::Command;
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_exit_2_naming_the_setting() {
+    let env = Env::start().await;
+    let cases: [(&str, Option<&str>, &str); 7] = [
+        ("FGA_STORE_ID", None, "FGA_STORE_ID"),
+        ("FGA_STORE_ID", Some("not-a-store"), "FGA_STORE_ID"),
+        ("FGA_API_URL", Some("localhost:8080"), "FGA_API_URL"),
+        (
+            "FGA_RELAY_SWEEP_INTERVAL",
+            Some("soon"),
+            "FGA_RELAY_SWEEP_INTERVAL",
+        ),
+        (
+            "FGA_MAX_TUPLES_PER_WRITE",
+            Some("0"),
+            "FGA_MAX_TUPLES_PER_WRITE",
+        ),
+        ("DATABASE_URL", None, "DATABASE_URL"),
+        (
+            "FGA_OUTBOX_TABLE",
+            Some("no such table"),
+            "FGA_OUTBOX_TABLE",
+        ),
+    ];
+    for (var, value, named) in cases {
+        let mut c = env.command(&["run"]);
+        match value {
+            Some(v) => c.env(var, v),
+            None => c.env_remove(var),
+        };
+        let out = c.output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{var}={value:?}: {err}");
+        let line = err.lines().last().unwrap_or_default();
+        assert!(line.contains(named), "{var}={value:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_says_to_run_migrate() {
+    let db = TestDb::start();
+    let out = Command::new(BIN)
+        .args(["run"])
+        .env("DATABASE_URL", db.url())
+        .env("FGA_STORE_ID", crate::common::fga::STORE_ID)
+        .env("FGA_RELAY_HTTP_ADDR", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("fga_outbox does not exist") && err.contains("fga-relay migrate"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_store_is_bad_configuration() {
+    let env = Env::start().await;
+    let out = env
+        .command(&["run"])
+        .env("FGA_STORE_ID", "01HZZZZZZZZZZZZZZZZZZZZZZZ")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("no store 01HZZZZZZZZZZZZZZZZZZZZZZZ"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+/// OpenFGA down at start is not bad configuration: the relay starts, and delivers once it is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openfga_down_at_start_is_not_bad_configuration() {
+    let env = Env::start().await;
+    env.fga.set_refusing(true);
+    let relay = env.spawn_relay(&[]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(crate::common::relay::writes(&[crate::common::relay::tk(
+            "user:anne",
+            "viewer",
+            "document:1",
+        )]))
+        .await;
+    relay.wait_for_log("write failed").await;
+    env.fga.set_refusing(false);
+    crate::common::relay::wait_until(PROMPTLY, "delivered once OpenFGA is back", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+}
+
+/// The startup line shows the effective configuration, with every secret redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_never_reach_the_logs() {
+    let env = Env::with_fga(
+        crate::common::fga::FakeFga::builder()
+            .preshared_key("s3cret-token")
+            .start(),
+    )
+    .await;
+    let client = env.db.connect().await;
+    client
+        .batch_execute("CREATE ROLE relay LOGIN PASSWORD 'pa55word' SUPERUSER")
+        .await
+        .unwrap();
+    let url = format!(
+        "{} user=relay password=pa55word",
+        env.db.url().replace("user=postgres", "")
+    );
+    let relay = env.spawn_relay(&[("FGA_API_TOKEN", "s3cret-token"), ("DATABASE_URL", &url)]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(crate::common::relay::writes(&[crate::common::relay::tk(
+            "user:anne",
+            "viewer",
+            "document:1",
+        )]))
+        .await;
+    crate::common::relay::wait_until(PROMPTLY, "delivered with the token", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    let logs = relay.logs();
+    assert!(logs.contains("fga-relay starting"), "{logs}");
+    assert!(logs.contains("password=[redacted]"), "{logs}");
+    assert!(!logs.contains("s3cret-token"), "{logs}");
+    assert!(!logs.contains("pa55word"), "{logs}");
+}
