@@ -20,7 +20,31 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+/// Defaults, shown by `--help` and used when a variable is set but empty (`FGA_RELAY_SWEEP_INTERVAL=`
+/// in an env file means "the default", as it does for most tools).
+const DEFAULT_API_URL: &str = "http://localhost:8080";
+const DEFAULT_REQUEST_TIMEOUT: &str = "10s";
+const DEFAULT_MAX_TUPLES: &str = "100";
+const DEFAULT_SWEEP_INTERVAL: &str = "30s";
+const DEFAULT_HEARTBEAT_INTERVAL: &str = "5s";
+const DEFAULT_MAX_ATTEMPTS: &str = "10";
+const DEFAULT_BATCH_SIZE: &str = "500";
+const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
+const DEFAULT_LOG_FORMAT: &str = "text";
+const DEFAULT_TABLE: &str = "fga_outbox";
+
+/// The value, or the default when it is empty.
+fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
+    if value.trim().is_empty() {
+        default
+    } else {
+        value
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -35,7 +59,7 @@ pub struct Cli {
     #[arg(
         long,
         env = "FGA_RELAY_LOG_FORMAT",
-        default_value = "text",
+        default_value = DEFAULT_LOG_FORMAT,
         global = true
     )]
     pub log_format: String,
@@ -48,8 +72,12 @@ pub enum Command {
     /// Print the schema SQL, for your own migration tool.
     Sql {
         /// The outbox table's name.
-        #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = "fga_outbox")]
+        #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = DEFAULT_TABLE)]
         table: String,
+        /// Print the least-privilege roles instead (a writer role and a relay role), to run
+        /// after `migrate`.
+        #[arg(long)]
+        roles: bool,
     },
     /// Run the relay: LISTEN, deliver, sweep, serve /healthz and /metrics, until SIGTERM/SIGINT.
     Run {
@@ -60,7 +88,7 @@ pub enum Command {
         #[command(flatten)]
         delivery: DeliveryArgs,
         /// Address for /healthz and /metrics, or "off".
-        #[arg(long, env = "FGA_RELAY_HTTP_ADDR", default_value = "127.0.0.1:9464")]
+        #[arg(long, env = "FGA_RELAY_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
         http_addr: String,
     },
     /// Deliver every row pending now, then exit: 0 when none is left pending, 1 when some are
@@ -104,6 +132,9 @@ pub enum Command {
         #[arg(long)]
         older_than: String,
     },
+    /// Compare what the delivered rows say OpenFGA must hold with what it holds: exit 0 in
+    /// step, 1 on drift, 2 on error. --repair enqueues the corrections.
+    Reconcile(crate::reconcile::ReconcileArgs),
 }
 
 /// Where the outbox is.
@@ -113,7 +144,7 @@ pub struct DbArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// The outbox table's name (also the NOTIFY channel).
-    #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = "fga_outbox")]
+    #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = DEFAULT_TABLE)]
     pub table: String,
 }
 
@@ -121,7 +152,7 @@ pub struct DbArgs {
 #[derive(Args, Debug)]
 pub struct FgaArgs {
     /// OpenFGA's HTTP API.
-    #[arg(long, env = "FGA_API_URL", default_value = "http://localhost:8080")]
+    #[arg(long, env = "FGA_API_URL", default_value = DEFAULT_API_URL)]
     pub api_url: String,
     /// The store to write to.
     #[arg(long, env = "FGA_STORE_ID")]
@@ -148,31 +179,31 @@ pub struct FgaArgs {
     #[arg(long, env = "FGA_API_AUDIENCE")]
     pub api_audience: Option<String>,
     /// One OpenFGA request's limit; past it the attempt counts as a transient failure.
-    #[arg(long, env = "FGA_RELAY_REQUEST_TIMEOUT", default_value = "10s")]
+    #[arg(long, env = "FGA_RELAY_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT)]
     pub request_timeout: String,
     /// The server's limit of tuples per Write.
-    #[arg(long, env = "FGA_MAX_TUPLES_PER_WRITE", default_value = "100")]
+    #[arg(long, env = "FGA_MAX_TUPLES_PER_WRITE", default_value = DEFAULT_MAX_TUPLES)]
     pub max_tuples_per_write: String,
     /// PEM file of CA certificates to trust for https, besides the system's.
     #[arg(long, env = "FGA_CA_FILE")]
-    pub ca_file: Option<PathBuf>,
+    pub ca_file: Option<String>,
 }
 
 /// How the delivery loop behaves.
 #[derive(Args, Debug)]
 pub struct DeliveryArgs {
     /// Drain this often even without a notification.
-    #[arg(long, env = "FGA_RELAY_SWEEP_INTERVAL", default_value = "30s")]
+    #[arg(long, env = "FGA_RELAY_SWEEP_INTERVAL", default_value = DEFAULT_SWEEP_INTERVAL)]
     pub sweep_interval: String,
     /// Check the dedicated connection this often; a silent connection is dead after two.
-    #[arg(long, env = "FGA_RELAY_HEARTBEAT_INTERVAL", default_value = "5s")]
+    #[arg(long, env = "FGA_RELAY_HEARTBEAT_INTERVAL", default_value = DEFAULT_HEARTBEAT_INTERVAL)]
     pub heartbeat_interval: String,
     /// Attempts, while other rows are delivered, after which a row failing transiently is
     /// dead-lettered.
-    #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = "10")]
+    #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: String,
     /// Rows claimed at a time.
-    #[arg(long, env = "FGA_RELAY_BATCH_SIZE", default_value = "500")]
+    #[arg(long, env = "FGA_RELAY_BATCH_SIZE", default_value = DEFAULT_BATCH_SIZE)]
     pub batch_size: String,
 }
 
@@ -185,7 +216,7 @@ impl DbArgs {
             .ok_or_else(|| ConfigError::new("--database-url (DATABASE_URL)", "is required"))?;
         Ok(DbSettings {
             url: Secret::new(url),
-            table: TableName::parse(&self.table)?,
+            table: TableName::parse(or_default(&self.table, DEFAULT_TABLE))?,
         })
     }
 }
@@ -196,7 +227,10 @@ fn non_empty(v: &Option<String>) -> Option<&str> {
 
 impl FgaArgs {
     pub fn settings(&self) -> Result<FgaSettings, ConfigError> {
-        let api_url = config::parse_http_url("--api-url (FGA_API_URL)", &self.api_url)?;
+        let api_url = config::parse_http_url(
+            "--api-url (FGA_API_URL)",
+            or_default(&self.api_url, DEFAULT_API_URL),
+        )?;
         let store = match (non_empty(&self.store_id), non_empty(&self.store_name)) {
             (Some(id), None) => StoreRef::Id(config::check_ulid("--store-id (FGA_STORE_ID)", id)?),
             (None, Some(name)) => StoreRef::Name(name.to_owned()),
@@ -248,15 +282,16 @@ impl FgaArgs {
         };
         let request_timeout = config::parse_positive_duration(
             "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)",
-            &self.request_timeout,
+            or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT),
         )?;
         let max_tuples_per_write = config::parse_count(
             "--max-tuples-per-write (FGA_MAX_TUPLES_PER_WRITE)",
-            &self.max_tuples_per_write,
+            or_default(&self.max_tuples_per_write, DEFAULT_MAX_TUPLES),
             1,
             100_000,
         )? as usize;
-        if let Some(path) = &self.ca_file
+        let ca_file = non_empty(&self.ca_file).map(PathBuf::from);
+        if let Some(path) = &ca_file
             && !path.is_file()
         {
             return Err(ConfigError::new(
@@ -271,7 +306,7 @@ impl FgaArgs {
             auth,
             request_timeout,
             max_tuples_per_write,
-            ca_file: self.ca_file.clone(),
+            ca_file,
         })
     }
 }
@@ -297,21 +332,21 @@ impl DeliveryArgs {
         Ok(DeliverySettings {
             sweep_interval: config::parse_positive_duration(
                 "--sweep-interval (FGA_RELAY_SWEEP_INTERVAL)",
-                &self.sweep_interval,
+                or_default(&self.sweep_interval, DEFAULT_SWEEP_INTERVAL),
             )?,
             heartbeat_interval: config::parse_positive_duration(
                 "--heartbeat-interval (FGA_RELAY_HEARTBEAT_INTERVAL)",
-                &self.heartbeat_interval,
+                or_default(&self.heartbeat_interval, DEFAULT_HEARTBEAT_INTERVAL),
             )?,
             max_attempts: config::parse_count(
                 "--max-attempts (FGA_RELAY_MAX_ATTEMPTS)",
-                &self.max_attempts,
+                or_default(&self.max_attempts, DEFAULT_MAX_ATTEMPTS),
                 1,
                 1_000_000,
             )? as u32,
             batch_size: config::parse_count(
                 "--batch-size (FGA_RELAY_BATCH_SIZE)",
-                &self.batch_size,
+                or_default(&self.batch_size, DEFAULT_BATCH_SIZE),
                 1,
                 100_000,
             )? as usize,
@@ -364,7 +399,7 @@ pub fn main() -> ExitCode {
             };
         }
     };
-    let format = match LogFormat::parse(&cli.log_format) {
+    let format = match LogFormat::parse(or_default(&cli.log_format, DEFAULT_LOG_FORMAT)) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("fga-relay: {e}");
@@ -398,8 +433,13 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> Result<ExitCode, Failure> {
     match command {
-        Command::Sql { table } => {
-            print!("{}", schema::full_sql(&TableName::parse(&table)?));
+        Command::Sql { table, roles } => {
+            let table = TableName::parse(or_default(&table, DEFAULT_TABLE))?;
+            if roles {
+                print!("{}", schema::render(ROLES_SQL, &table));
+            } else {
+                print!("{}", schema::full_sql(&table));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate(db) => {
@@ -478,12 +518,13 @@ async fn dispatch(command: Command) -> Result<ExitCode, Failure> {
             delivery,
             http_addr,
         } => {
-            let http_addr = config::parse_http_addr(&http_addr)?;
-            let (mut relay, registry) =
-                build_relay(db.settings()?, fga.settings()?, delivery.settings()?, "run").await?;
-            relay.systemd = Arc::new(crate::systemd::Notifier::from_env());
+            let http_addr = config::parse_http_addr(or_default(&http_addr, DEFAULT_HTTP_ADDR))?;
+            let (db, fga, delivery) = (db.settings()?, fga.settings()?, delivery.settings()?);
             let shutdown = crate::shutdown::on_signals()
                 .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
+            let (mut relay, registry) =
+                build_relay(db, fga, delivery, "run", Some(&shutdown)).await?;
+            relay.systemd = Arc::new(crate::systemd::Notifier::from_env());
             let endpoint = Arc::new(Endpoint {
                 registry,
                 metrics: relay.metrics.clone(),
@@ -521,6 +562,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, Failure> {
                 fga.settings()?,
                 delivery.settings()?,
                 "drain",
+                None,
             )
             .await?;
             let shutdown = crate::shutdown::on_signals()
@@ -533,8 +575,12 @@ async fn dispatch(command: Command) -> Result<ExitCode, Failure> {
                 Ok(ExitCode::from(1))
             }
         }
+        Command::Reconcile(args) => Ok(crate::reconcile::command(args).await),
     }
 }
+
+/// `sql/roles.sql`: the writer and relay roles, printed by `fga-relay sql --roles`.
+const ROLES_SQL: &str = include_str!("../sql/roles.sql");
 
 /// Rows deleted per `prune` statement: small enough that no batch holds locks for long.
 const PRUNE_BATCH: i64 = 1000;
@@ -556,6 +602,32 @@ async fn check_schema(store: &Store) -> Result<schema::TableInfo, Failure> {
     Ok(schema::check(&client, store.table()).await?)
 }
 
+/// [`check_schema`] for the daemon: a database that is not up yet (the relay started first, or
+/// is restarting) is waited for, with backoff, until `shutdown`. A missing table is still bad
+/// configuration at once.
+async fn wait_for_schema(
+    store: &Store,
+    shutdown: &CancellationToken,
+) -> Result<schema::TableInfo, Failure> {
+    const WAIT: crate::backoff::Backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut attempt = 0;
+    loop {
+        match check_schema(store).await {
+            Err(Failure::Other(e)) if !shutdown.is_cancelled() => {
+                attempt += 1;
+                let wait = WAIT.delay(attempt);
+                warn!(error = %format!("{e:#}"), retry_in = ?wait, "waiting for PostgreSQL");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.cancelled() => return Err(Failure::Other(e)),
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
 fn pool_error(e: &deadpool_postgres::PoolError) -> String {
     match e {
         deadpool_postgres::PoolError::Backend(e) => crate::db::describe(e),
@@ -569,6 +641,7 @@ pub async fn build_relay(
     fga: FgaSettings,
     delivery: DeliverySettings,
     command: &str,
+    wait_for_db: Option<&CancellationToken>,
 ) -> Result<(Relay, Registry), Failure> {
     let auth = match &fga.auth {
         Auth::None => "none",
@@ -594,7 +667,10 @@ pub async fn build_relay(
     );
     let pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
     let store = Store::new(crate::db::pool(pg.clone(), 4), db.table.clone());
-    let table = check_schema(&store).await?;
+    let table = match wait_for_db {
+        Some(shutdown) => wait_for_schema(&store, shutdown).await?,
+        None => check_schema(&store).await?,
+    };
     if !table.trigger {
         warn!(table = %db.table, "the wake-up trigger is missing or disabled: rows will be found \
             only by the sweep; run `fga-relay migrate`");

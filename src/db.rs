@@ -1,12 +1,40 @@
 //! PostgreSQL connections: the pool for claims, marks and commands, and the dedicated
 //! connection the relay listens and leads on (never a pooled one: a pool discards notifications
-//! and may close or recycle the connection at any time).
+//! and may close or recycle the connection at any time). Both use TLS as `sslmode` in
+//! `DATABASE_URL` says, with libpq's semantics (see [`tls`]).
+
+pub mod tls;
 
 use crate::config::{ConfigError, DbSettings};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
-use tokio_postgres::config::TargetSessionAttrs;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::config::{Host, TargetSessionAttrs};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, Config, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// The TLS stream of a PostgreSQL connection.
+pub type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
+
+/// The TLS settings of this process's `DATABASE_URL`, left here by [`pg_config`] for [`pool`]
+/// and [`connect_dedicated`]: a `tokio_postgres::Config` (all the relay's loops hold) cannot
+/// carry root certificates. A process serves one database.
+static TLS: Mutex<Option<tls::PgTls>> = Mutex::new(None);
+
+/// The connector for new connections: [`pg_config`]'s, or libpq's default (`prefer`, not
+/// verified) if it never ran.
+fn connector() -> MakeRustlsConnect {
+    let current = TLS.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    match current {
+        Some(t) => t.connector,
+        None => {
+            tls::configure(&tls::TlsParams::default(), false)
+                .expect("the default TLS settings are valid")
+                .connector
+        }
+    }
+}
 
 /// Settings every relay session runs with.
 ///
@@ -23,7 +51,8 @@ const SESSION_SETUP: &str = "SET synchronous_commit = off; \
 /// Parses `DATABASE_URL` into a connection config with the relay's defaults: a writable server
 /// (after a failover, a standby is skipped), a connect timeout, and client-side keepalives.
 pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<Config, ConfigError> {
-    let url = settings.url.expose();
+    let (url, tls_params) = tls::split(settings.url.expose().trim());
+    let url = url.as_str();
     let mut cfg: Config = url.parse().map_err(|e| {
         ConfigError::new(
             "--database-url (DATABASE_URL)",
@@ -36,6 +65,10 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<Config
             "names no host",
         ));
     }
+    let unix_only = cfg.get_hosts().iter().all(|h| !matches!(h, Host::Tcp(_)));
+    let pg_tls = tls::configure(&tls_params, unix_only)?;
+    cfg.ssl_mode(pg_tls.mode);
+    *TLS.lock().unwrap_or_else(PoisonError::into_inner) = Some(pg_tls);
     if cfg.get_application_name().is_none() {
         cfg.application_name(application_name);
     }
@@ -58,7 +91,7 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<Config
 pub fn pool(cfg: Config, size: usize) -> Pool {
     let manager = Manager::from_config(
         cfg,
-        NoTls,
+        connector(),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -83,14 +116,8 @@ pub fn pool(cfg: Config, size: usize) -> Pool {
 /// A dedicated connection. The caller drives `connection` itself (to read notifications).
 pub async fn connect_dedicated(
     cfg: &Config,
-) -> Result<
-    (
-        Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-    ),
-    tokio_postgres::Error,
-> {
-    cfg.connect(NoTls).await
+) -> Result<(Client, tokio_postgres::Connection<Socket, TlsStream>), tokio_postgres::Error> {
+    cfg.connect(connector()).await
 }
 
 /// Runs the relay's session settings on a dedicated connection.

@@ -14,6 +14,7 @@
 //!   isolation of bad rows, dead letters.
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
 //! - [`relay`]: the `run` and `drain` loops around delivery passes.
+//! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the outbox.
 //! - [`metrics`], [`http`]: Prometheus metrics and the `/healthz` + `/metrics` endpoint.
 //! - [`systemd`]: readiness and watchdog under `Type=notify`.
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares.
@@ -28,6 +29,7 @@ pub mod listener;
 pub mod metrics;
 pub mod openfga;
 pub mod payload;
+pub mod reconcile;
 pub mod relay;
 pub mod schema;
 pub mod shutdown;

@@ -63,8 +63,10 @@ pub enum WriteError {
         limit: Option<usize>,
         message: String,
     },
-    /// Authentication, store or model: only the operator can fix it.
-    #[error("OpenFGA answered {status} {code}: {message}")]
+    /// Authentication, store or model: only the operator can fix it. `status` 0: not an answer
+    /// of OpenFGA's (a store name that resolves to nothing, a token issuer refusing the
+    /// credentials); `message` says what.
+    #[error("{}", configuration_message(*status, code, message))]
     Configuration {
         status: u16,
         code: String,
@@ -73,6 +75,14 @@ pub enum WriteError {
     /// An answer that is not OpenFGA's (a proxy's page, garbage): treated like configuration.
     #[error("unexpected answer from OpenFGA: HTTP {status}: {excerpt}")]
     Unexpected { status: u16, excerpt: String },
+}
+
+fn configuration_message(status: u16, code: &str, message: &str) -> String {
+    if status == 0 {
+        message.to_owned()
+    } else {
+        format!("OpenFGA answered {status} {code}: {message}")
+    }
 }
 
 impl WriteError {
@@ -148,8 +158,7 @@ struct KeyBody<'a> {
 #[derive(Serialize)]
 struct ConditionBody<'a> {
     name: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    context: Option<&'a Map<String, Value>>,
+    context: &'a Map<String, Value>,
 }
 
 /// The JSON body of a Write carrying `ops`: writes with `on_duplicate: "ignore"` and deletes
@@ -166,7 +175,7 @@ pub fn write_body(ops: &[&Op], model_id: Option<&str>) -> Vec<u8> {
                 object: &key.object,
                 condition: condition.as_ref().map(|c| ConditionBody {
                     name: &c.name,
-                    context: c.context.as_ref(),
+                    context: &c.context,
                 }),
             }),
             Op::Delete { .. } => deletes.push(KeyBody {
@@ -439,7 +448,7 @@ impl FgaClient {
     }
 
     /// The Bearer token to send, if any.
-    async fn bearer(&self) -> Result<Option<String>, String> {
+    async fn bearer(&self) -> Result<Option<String>, TokenError> {
         match &self.auth {
             Auth::None => Ok(None),
             Auth::ApiToken(t) => Ok(Some(t.expose().to_owned())),
@@ -463,7 +472,7 @@ impl FgaClient {
         *self.token.lock().await = None;
     }
 
-    async fn fetch_token(&self) -> Result<CachedToken, String> {
+    async fn fetch_token(&self) -> Result<CachedToken, TokenError> {
         let Auth::ClientCredentials {
             client_id,
             client_secret,
@@ -488,17 +497,37 @@ impl FgaClient {
             .form(&form)
             .send()
             .await
-            .map_err(|e| format!("token request to {token_issuer} failed: {e}"))?;
+            .map_err(|e| {
+                TokenError::unavailable(format!(
+                    "token request to {token_issuer} failed: {}",
+                    error_chain(&e)
+                ))
+            })?;
         let status = resp.status();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| format!("token response from {token_issuer} failed: {e}"))?;
+        let body = resp.bytes().await.map_err(|e| {
+            TokenError::unavailable(format!(
+                "token response from {token_issuer} failed: {}",
+                error_chain(&e)
+            ))
+        })?;
         if !status.is_success() {
-            return Err(format!(
+            let reason = format!(
                 "token issuer {token_issuer} answered {status}: {}",
                 excerpt(&body)
-            ));
+            );
+            // 4xx (but a timeout or throttling): the issuer refuses these credentials, which
+            // only the operator can fix. 5xx: the issuer is having trouble; retry.
+            let refused = status.is_client_error()
+                && status != reqwest::StatusCode::REQUEST_TIMEOUT
+                && status != reqwest::StatusCode::TOO_MANY_REQUESTS;
+            return Err(if refused {
+                TokenError::refused(format!(
+                    "{reason} (check FGA_CLIENT_ID, FGA_CLIENT_SECRET, FGA_API_AUDIENCE and \
+                     FGA_API_TOKEN_ISSUER)"
+                ))
+            } else {
+                TokenError::unavailable(reason)
+            });
         }
         #[derive(Deserialize)]
         struct TokenBody {
@@ -506,7 +535,9 @@ impl FgaClient {
             expires_in: Option<u64>,
         }
         let t: TokenBody = serde_json::from_slice(&body).map_err(|e| {
-            format!("token issuer {token_issuer} answered something that is not a token ({e})")
+            TokenError::refused(format!(
+                "token issuer {token_issuer} answered something that is not a token ({e})"
+            ))
         })?;
         // Refresh a minute early (or at half-life for short-lived tokens), so a request never
         // carries a token that expires on its way.
@@ -688,12 +719,7 @@ impl FgaClient {
             .await;
         let resp = match resp {
             Ok(r) => r,
-            Err(SendError::Token(e)) => {
-                return Err(WriteError::Transient {
-                    reason: e,
-                    retry_after: None,
-                });
-            }
+            Err(SendError::Token(e)) => return Err(e.into_write_error()),
             Err(SendError::Http(e)) => {
                 return Err(WriteError::Transient {
                     reason: describe_http_error(&e),
@@ -727,20 +753,167 @@ impl FgaClient {
         }
         Err(classify(status, retry_after, &body, ops))
     }
+
+    /// One page of OpenFGA's Read (reference/openfga-api.md §3): the tuples matching `filter`
+    /// (every tuple of the store when `None`), at most `page_size` (1..=[`MAX_READ_PAGE`]) of
+    /// them, from `continuation_token` on (empty for the first page), read with
+    /// `HIGHER_CONSISTENCY` so that no cache answers for the store. OpenFGA returns tuples in
+    /// its own order (insertion order on its SQL datastores, not key order), and an empty token
+    /// on the last page.
+    ///
+    /// Failures are classified as a Write's: [`WriteError::Transient`] may succeed if asked
+    /// again; any other class cannot succeed as asked (for a Read, `Rejected` too: there is no
+    /// row to blame, the request itself is wrong).
+    pub async fn read(
+        &self,
+        filter: Option<&crate::payload::TupleKey>,
+        page_size: u32,
+        continuation_token: &str,
+    ) -> Result<ReadPage, WriteError> {
+        let store_id = self.request_store_id().await?;
+        let url = self.url(&format!("/stores/{store_id}/read"));
+        let mut body = serde_json::json!({
+            "page_size": page_size.clamp(1, MAX_READ_PAGE),
+            "consistency": "HIGHER_CONSISTENCY",
+        });
+        if let Some(k) = filter {
+            body["tuple_key"] =
+                serde_json::json!({"user": k.user, "relation": k.relation, "object": k.object});
+        }
+        if !continuation_token.is_empty() {
+            body["continuation_token"] = Value::String(continuation_token.to_owned());
+        }
+        let (status, retry_after, answer) = self.post_json(url, &body).await?;
+        if !(200..300).contains(&status) {
+            return Err(classify(status, retry_after, &answer, &[]));
+        }
+        serde_json::from_slice::<ReadAnswer>(&answer)
+            .map(ReadPage::from)
+            .map_err(|_| WriteError::Unexpected {
+                status,
+                excerpt: excerpt(&answer),
+            })
+    }
+
+    /// The store id for a request; a store that cannot be resolved is classified as a Write's
+    /// failure would be (missing: configuration; ListStores unavailable: transient).
+    async fn request_store_id(&self) -> Result<&str, WriteError> {
+        match self.store_id().await {
+            Ok(id) => Ok(id),
+            Err(PreflightError::Config(e)) => Err(WriteError::Configuration {
+                status: 0,
+                code: "store_not_found".into(),
+                message: e.to_string(),
+            }),
+            Err(PreflightError::Unavailable(e)) => Err(WriteError::Transient {
+                reason: e,
+                retry_after: None,
+            }),
+        }
+    }
+
+    /// POSTs a JSON body with auth; returns the status, `Retry-After` and the answer's body. A
+    /// request that got no answer is transient.
+    async fn post_json(
+        &self,
+        url: reqwest::Url,
+        body: &Value,
+    ) -> Result<(u16, Option<Duration>, bytes::Bytes), WriteError> {
+        let body = bytes::Bytes::from(serde_json::to_vec(body).expect("JSON always serialises"));
+        let resp = self
+            .send(|| {
+                self.http
+                    .post(url.clone())
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await
+            .map_err(|e| WriteError::Transient {
+                reason: e.to_string(),
+                retry_after: None,
+            })?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let answer = resp.bytes().await.map_err(|e| WriteError::Transient {
+            reason: format!(
+                "reading OpenFGA's answer failed: {}",
+                describe_http_error(&e)
+            ),
+            retry_after: None,
+        })?;
+        Ok((status, retry_after, answer))
+    }
 }
 
 enum SendError {
-    Token(String),
+    Token(TokenError),
     Http(reqwest::Error),
 }
 
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SendError::Token(e) => f.write_str(e),
+            SendError::Token(e) => f.write_str(&e.reason),
             SendError::Http(e) => f.write_str(&describe_http_error(e)),
         }
     }
+}
+
+/// No token from the client-credentials flow.
+struct TokenError {
+    reason: String,
+    /// The issuer refused the credentials (or answered garbage): a configuration error, as a
+    /// 401 from OpenFGA is. Otherwise it could not be asked: transient.
+    refused: bool,
+}
+
+impl TokenError {
+    fn refused(reason: String) -> Self {
+        TokenError {
+            reason,
+            refused: true,
+        }
+    }
+
+    fn unavailable(reason: String) -> Self {
+        TokenError {
+            reason,
+            refused: false,
+        }
+    }
+
+    /// What it means for a Write: refused credentials are the operator's to fix (logged loudly,
+    /// retried, nothing dead-lettered); an unreachable issuer is an outage.
+    fn into_write_error(self) -> WriteError {
+        if self.refused {
+            WriteError::Configuration {
+                status: 0,
+                code: "token_refused".into(),
+                message: self.reason,
+            }
+        } else {
+            WriteError::Transient {
+                reason: self.reason,
+                retry_after: None,
+            }
+        }
+    }
+}
+
+/// An error and its causes, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// A reqwest error with its causes, which say what really happened (refused, reset, timed out).
@@ -752,14 +925,83 @@ fn describe_http_error(e: &reqwest::Error) -> String {
     } else {
         "request to OpenFGA failed"
     };
-    let mut out = kind.to_owned();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{kind}: {}", error_chain(cause)),
+        None => kind.to_owned(),
     }
-    out
+}
+
+/// The largest page OpenFGA's Read returns (`page_size` is 1..=100).
+pub const MAX_READ_PAGE: u32 = 100;
+
+/// One page of a Read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadPage {
+    pub tuples: Vec<ReadTuple>,
+    /// Where the next page starts; empty when this page is the last.
+    pub continuation_token: String,
+}
+
+/// A tuple as OpenFGA holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadTuple {
+    pub key: crate::payload::TupleKey,
+    /// Its condition; OpenFGA returns a stored condition's context as a Struct (`{}` when
+    /// empty), whose numbers are doubles.
+    pub condition: Option<crate::payload::Condition>,
+}
+
+/// A Read's answer: `{"tuples": [{"key": {…, "condition"}, "timestamp"}], "continuation_token"}`.
+#[derive(Deserialize)]
+struct ReadAnswer {
+    #[serde(default)]
+    tuples: Vec<ReadAnswerTuple>,
+    #[serde(default)]
+    continuation_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ReadAnswerTuple {
+    key: ReadAnswerKey,
+}
+
+#[derive(Deserialize)]
+struct ReadAnswerKey {
+    user: String,
+    relation: String,
+    object: String,
+    #[serde(default)]
+    condition: Option<ReadAnswerCondition>,
+}
+
+#[derive(Deserialize)]
+struct ReadAnswerCondition {
+    name: String,
+    #[serde(default)]
+    context: Option<Map<String, Value>>,
+}
+
+impl From<ReadAnswer> for ReadPage {
+    fn from(a: ReadAnswer) -> ReadPage {
+        ReadPage {
+            tuples: a
+                .tuples
+                .into_iter()
+                .map(|t| ReadTuple {
+                    key: crate::payload::TupleKey {
+                        user: t.key.user,
+                        relation: t.key.relation,
+                        object: t.key.object,
+                    },
+                    condition: t.key.condition.map(|c| crate::payload::Condition {
+                        name: c.name,
+                        context: c.context.unwrap_or_default(),
+                    }),
+                })
+                .collect(),
+            continuation_token: a.continuation_token.unwrap_or_default(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -786,7 +1028,7 @@ mod tests {
                 key: key("user:anne", "viewer", "document:1"),
                 condition: Some(Condition {
                     name: "non_expired".into(),
-                    context: None,
+                    context: Map::new(),
                 }),
             },
             Op::Delete {

@@ -29,7 +29,10 @@ impl fmt::Display for TupleKey {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Condition {
     pub name: String,
-    pub context: Option<Map<String, Value>>,
+    /// Always an object, `{}` when the payload gave none: OpenFGA's datastores read a stored
+    /// condition back with an empty context, and with `on_duplicate: "ignore"` a rewrite
+    /// without `context` would not equal it and answer 409 instead of being a no-op.
+    pub context: Map<String, Value>,
 }
 
 /// One operation of a row.
@@ -199,8 +202,8 @@ fn parse_op(path: &str, item: &Value, is_write: bool) -> Result<Op, PayloadError
             };
             check_no_space_len(path, "condition.name", &name)?;
             let context = match c.get("context") {
-                None | Some(Value::Null) => None,
-                Some(Value::Object(m)) => Some(m.clone()),
+                None | Some(Value::Null) => Map::new(),
+                Some(Value::Object(m)) => m.clone(),
                 Some(other) => {
                     return Err(bad(format!(
                         "{path}.condition.context must be an object, found {}",

@@ -196,23 +196,31 @@ impl Store {
 
     /// Records this relay as the one delivering; returns whether the previous one let go
     /// cleanly, and who it was.
+    ///
+    /// Committed durably (the relay's sessions otherwise commit asynchronously): if PostgreSQL
+    /// crashed and forgot this record, the next leader would take an older clean release for
+    /// this term's and skip the wait for Writes still in flight.
     pub async fn take_leadership(
         &self,
         holder: &str,
     ) -> Result<(bool, Option<String>), StoreError> {
-        let client = self.pool.get().await?;
-        let row = client
-            .query_one(&self.q.take_leadership, &[&holder])
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute("SET LOCAL synchronous_commit = on")
             .await?;
+        let row = tx.query_one(&self.q.take_leadership, &[&holder]).await?;
+        tx.commit().await?;
         Ok((row.get(0), row.get(1)))
     }
 
-    /// Records that this relay let go cleanly, with nothing in flight.
+    /// Records that this relay let go cleanly, with nothing in flight (durably, as above).
     pub async fn release_leadership(&self, holder: &str) -> Result<(), StoreError> {
-        let client = self.pool.get().await?;
-        client
-            .execute(&self.q.release_leadership, &[&holder])
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute("SET LOCAL synchronous_commit = on")
             .await?;
+        tx.execute(&self.q.release_leadership, &[&holder]).await?;
+        tx.commit().await?;
         Ok(())
     }
 }

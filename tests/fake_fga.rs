@@ -310,6 +310,29 @@ async fn unknown_fields_are_ignored_and_an_empty_body_is_an_empty_request() {
     )
     .await
     .assert_ok();
+    // Fields that are unknown where they stand are skipped whatever their type: an
+    // `on_missing` among the writes, a `condition` on a delete. Escaped names are names.
+    write(
+        &fga,
+        json!({"writes": {"tuple_keys": [tk("user:b", "owner", "document:1")], "on_missing": 5}}),
+    )
+    .await
+    .assert_ok();
+    write(
+        &fga,
+        json!({"deletes": {"tuple_keys": [{"user": "user:b", "relation": "owner", "object": "document:1", "condition": "x"}],
+                           "on_duplicate": []}}),
+    )
+    .await
+    .assert_ok();
+    post_raw(
+        &fga,
+        &format!("/stores/{STORE_ID}/write"),
+        r#"{"wri\u0074es":{"tuple_keys":[{"user":"user:c","relation":"owner","object":"document:1"}]}} trailing bytes are never read"#,
+    )
+    .await
+    .assert_ok();
+    assert!(fga.has("user:c", "owner", "document:1"));
     let r = post_raw(&fga, &format!("/stores/{STORE_ID}/write"), "").await;
     r.assert_error(
         400,
@@ -321,7 +344,7 @@ async fn unknown_fields_are_ignored_and_an_empty_body_is_an_empty_request() {
         Some(MODEL_ID),
         "errors after model resolution carry the header"
     );
-    assert_eq!(fga.writes()[1].body, Value::Null);
+    assert_eq!(fga.writes()[4].body, Value::Null);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -358,6 +381,46 @@ async fn malformed_json() {
             400,
             "validation_error",
             r#"syntax error (line 1:11): unexpected token "x""#,
+        );
+    // protojson's checks run in document order and stop at the first failure.
+    post_raw(&fga, &path, r#"{"authorization_model_id":5,"writes":"x"}"#)
+        .await
+        .assert_error(
+            400,
+            "validation_error",
+            "(line 1:27): invalid value for string field authorization_model_id: 5",
+        );
+    post_raw(&fga, &path, "{\n  \"writes\": 7\n}")
+        .await
+        .assert_error(
+            400,
+            "validation_error",
+            "syntax error (line 2:13): unexpected token 7",
+        );
+    let dup = r#"{"writes":{"tuple_keys":[{"user":"user:a","user":"user:b"}]}}"#;
+    post_raw(&fga, &path, dup).await.assert_error(
+        400,
+        "validation_error",
+        &format!(
+            "(line 1:{}): duplicate field \"user\"",
+            dup.rfind(r#""user""#).unwrap() + 1
+        ),
+    );
+    let dup_context = r#"{"writes":{"tuple_keys":[{"user":"user:a","relation":"viewer","object":"document:1","condition":{"name":"non_expired","context":{"a":{"b":1,"b":2}}}}]}}"#;
+    post_raw(&fga, &path, dup_context).await.assert_error(
+        400,
+        "validation_error",
+        &format!(
+            "(line 1:{}): duplicate map key \"b\"",
+            dup_context.rfind(r#""b""#).unwrap() + 1
+        ),
+    );
+    post_raw(&fga, &path, r#"{"writes":{"tuple_keys":[null]}}"#)
+        .await
+        .assert_error(
+            400,
+            "validation_error",
+            "syntax error (line 1:26): unexpected token null",
         );
     // The recorded body of a non-JSON request is its text.
     assert_eq!(fga.writes()[1].body, json!(r#"{"writes" x}"#));
@@ -993,7 +1056,7 @@ async fn delay_fault_applies_even_when_the_client_gives_up() {
         .assert_ok();
     assert!(started.elapsed() >= Duration::from_millis(300));
 
-    fga.push_fault(FaultRule::once(Fault::Delay(Duration::from_millis(300))));
+    fga.push_fault(FaultRule::once(Fault::Delay(Duration::from_secs(1))));
     let err = client()
         .post(format!("{}/stores/{STORE_ID}/write", fga.url()))
         .body(writes(&[tk("user:b", "viewer", "document:1")]).to_string())
@@ -1034,13 +1097,8 @@ async fn hang_fault_blocks_only_its_own_request_until_drop() {
     write(&fga, writes(&[tk("user:a", "viewer", "document:1")]))
         .await
         .assert_ok();
-    let err = client()
-        .post(&url)
-        .body("{}")
-        .timeout(Duration::from_millis(100))
-        .send()
-        .await;
-    assert_eq!(err.expect("answered").status().as_u16(), 400);
+    let answered = client().post(&url).body("{}").send().await;
+    assert_eq!(answered.expect("answered").status().as_u16(), 400);
     assert_eq!(fga.writes()[0].status, 0);
     assert!(!hanging.is_finished());
     assert!(!fga.has("user:h", "viewer", "document:1"));
@@ -1335,7 +1393,7 @@ async fn takes_many_full_writes() {
     let fga = FakeFga::start();
     let client = client();
     let url = format!("{}/stores/{STORE_ID}/write", fga.url());
-    let requests = 400;
+    let requests = 200;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for worker in 0..4 {
@@ -1372,4 +1430,11 @@ async fn takes_many_full_writes() {
         "{requests} writes of 100 tuples in {elapsed:?}: {:.0} writes/s",
         requests as f64 / elapsed.as_secs_f64()
     );
+}
+
+#[test]
+fn the_handle_can_be_shared_across_tasks() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<FakeFga>();
+    send_sync::<FaultRule>();
 }

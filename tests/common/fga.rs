@@ -139,7 +139,7 @@ impl StoredTuple {
 #[derive(Clone, Debug)]
 pub struct WriteRecord {
     pub received_at: Instant,
-    /// The body as JSON; `Value::Null` for an empty body, and the body text as a
+    /// The body's (first) JSON value; `Value::Null` for an empty body, and the body text as a
     /// `Value::String` when it is not JSON.
     pub body: Value,
     /// The HTTP status answered; 0 while unanswered, and for `Hang` and `CloseConnection`.
@@ -715,10 +715,51 @@ impl Shared {
     }
 }
 
+/// A fast non-cryptographic hasher (FxHash's round with a murmur3 finaliser) for the maps the
+/// write path uses; SipHash showed up in profiles and hash flooding is no concern here.
+#[derive(Default, Clone, Copy)]
+struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            self.add(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut buf = [0u8; 8];
+            buf[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(buf) ^ ((rest.len() as u64) << 59));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+impl FastHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FastBuild = std::hash::BuildHasherDefault<FastHasher>;
+
 #[derive(Default)]
 struct Db {
     /// Keyed by `object#relation@user`, OpenFGA's own tuple key (`tuple.TupleKeyToString`).
-    tuples: HashMap<Arc<str>, Entry>,
+    tuples: HashMap<Arc<str>, Entry, FastBuild>,
     /// Insertion order, standing in for the SQL datastores' `ulid` column (Read orders by it).
     seq: u64,
     writes: Vec<RecordInner>,
@@ -1334,14 +1375,16 @@ impl Shared {
     // --- Read -------------------------------------------------------------------------------
 
     fn read(&self, store_id: &str, headers: &HeaderMap, body: &[u8]) -> Reply {
-        let decoded = match gw_decode(body) {
-            Ok(d) => d,
+        let value = match gw_decode(body, schema::READ_REQUEST) {
+            Ok(Some(raw)) => match accepted_json(raw) {
+                Ok(v) => v,
+                Err(reply) => return reply,
+            },
+            Ok(None) => Value::Object(Map::new()),
             Err(reply) => return reply,
         };
-        let req = match ReadReq::parse(&decoded.value) {
-            Ok(r) => r,
-            Err(e) => return Reply::invalid_argument(&e.message(decoded.raw(body))),
-        };
+        let empty = Map::new();
+        let req = ReadReq::from_value(value.as_object().unwrap_or(&empty));
         let rid = request_id();
         if let Some(msg) = pgv_read(store_id, &req) {
             return Reply::invalid_argument(&msg).header(REQUEST_ID_HEADER, &rid);
@@ -1447,14 +1490,11 @@ impl Shared {
         conn: &ConnCtl,
     ) -> Reply {
         // 1. grpc-gateway decodes the body (ref §1 "JSON decoding").
-        let decoded = match gw_decode(body) {
-            Ok(d) => d,
+        let parsed = match ParsedWrite::decode(body) {
+            Ok(p) => p,
             Err(reply) => return reply,
         };
-        let req = match WriteReq::parse(&decoded.value) {
-            Ok(r) => r,
-            Err(e) => return Reply::invalid_argument(&e.message(decoded.raw(body))),
-        };
+        let req = parsed.request();
         // 2. gRPC's receive limit, checked before any interceptor (ref §2.4).
         let size = req.proto_size(store_id);
         if size > MAX_RECV_MSG_SIZE {
@@ -1542,13 +1582,11 @@ impl Shared {
 
     /// The back half of a Write, from a body that already passed decoding, PGV and auth.
     fn execute_write_bytes(&self, store_id: &str, body: &[u8]) -> Reply {
-        match gw_decode(body) {
-            Ok(decoded) => match WriteReq::parse(&decoded.value) {
-                Ok(req) => self.execute_write(store_id, &req),
-                Err(e) => Reply::invalid_argument(&e.message(decoded.raw(body))),
-            },
-            Err(reply) => reply,
-        }
+        let parsed = match ParsedWrite::decode(body) {
+            Ok(p) => p,
+            Err(reply) => return reply,
+        };
+        self.execute_write(store_id, &parsed.request())
     }
 
     /// `Server.Write` then `WriteCommand.Execute` (ref §2.2 steps 2..10).
@@ -1646,7 +1684,8 @@ impl Shared {
             .iter()
             .map(|tk| key_string(tk.object, tk.relation, tk.user))
             .collect();
-        let mut seen: HashSet<&str> = HashSet::with_capacity(deletes.len() + writes.len());
+        let mut seen: HashSet<&str, FastBuild> =
+            HashSet::with_capacity_and_hasher(deletes.len() + writes.len(), FastBuild::default());
         for (tk, key) in deletes
             .iter()
             .zip(&delete_keys)
@@ -1828,135 +1867,278 @@ fn same_condition(existing: Option<&Cond>, incoming: Option<&(Arc<Cond>, bool)>)
 // Requests as grpc-gateway decodes them
 // ------------------------------------------------------------------------------------------------
 
-/// A body decoded as the gateway does it: `Value` of the first JSON value, and where that value
-/// sits in the body (protojson error positions count from its first byte).
-struct Decoded {
-    value: Value,
-    start: usize,
-    end: usize,
-}
-
-impl Decoded {
-    fn raw<'b>(&self, body: &'b [u8]) -> &'b [u8] {
-        &body[self.start..self.end]
-    }
-}
-
-/// grpc-gateway's `decodeJSONPb`: Go's `json.Decoder` reads the first value into a
-/// `json.RawMessage` (an empty body is `io.EOF`, which the generated code accepts as an empty
-/// request; bytes after the first value are never read), then protojson unmarshals it.
-fn gw_decode(body: &[u8]) -> Result<Decoded, Reply> {
+/// grpc-gateway's `decodeJSONPb`, up to the point where protojson accepts the body: Go's
+/// `json.Decoder` reads the first value into a `json.RawMessage` (an empty body is `io.EOF`,
+/// which the generated code accepts as an empty request; bytes after the first value are never
+/// read), then protojson unmarshals it with `DiscardUnknown` (ref §1 "JSON decoding"). Returns
+/// the raw first value (`None` for an empty body) or the error answer.
+fn gw_decode<'b>(body: &'b [u8], schema: &[gojson::Field]) -> Result<Option<&'b [u8]>, Reply> {
     match gojson::first_value(body) {
-        Ok(None) => Ok(Decoded {
-            value: Value::Object(Map::new()),
-            start: 0,
-            end: 0,
-        }),
-        Ok(Some((start, end))) => match serde_json::from_slice(&body[start..end]) {
-            Ok(value) => Ok(Decoded { value, start, end }),
-            // Syntax is already checked; this is invalid UTF-8 or an absurd number.
-            Err(e) => Err(Reply::invalid_argument(&format!("proto: {e}"))),
-        },
+        Ok(None) => Ok(None),
+        Ok(Some((start, end))) => {
+            let raw = &body[start..end];
+            match gojson::check_protojson(raw, schema) {
+                Ok(()) => Ok(Some(raw)),
+                Err(msg) => Err(Reply::invalid_argument(&msg)),
+            }
+        }
         Err(msg) => Err(Reply::invalid_argument(&msg)),
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Seg {
-    Key(&'static str),
-    Idx(usize),
+/// The value of a body protojson accepted (syntax and field types are already checked).
+fn accepted_json(raw: &[u8]) -> Result<Value, Reply> {
+    serde_json::from_slice(raw)
+        // Not reachable for a body Go accepted, short of invalid UTF-8 or an absurd number.
+        .map_err(|e| Reply::invalid_argument(&format!("proto: {e}")))
 }
 
-/// A protojson unmarshalling error, positioned later (only errors need positions).
-struct PjErr {
-    path: Vec<Seg>,
-    /// None: `syntax error …: unexpected token X`; Some((kind, field)):
-    /// `invalid value for <kind> field <field>: X` (protobuf-go `encoding/protojson/decode.go`).
-    invalid: Option<(&'static str, &'static str)>,
+/// A Write body, decoded. Once protojson's rules have accepted it, most bodies go through a
+/// borrowing, allocation-light typed parse; the few it declines (a badly typed field that is
+/// unknown where it stands, such as a delete's `condition`) go through `serde_json::Value`.
+enum ParsedWrite<'b> {
+    Empty,
+    Fast(fastjson::WriteBody<'b>),
+    Slow(Value),
 }
 
-impl PjErr {
-    fn message(&self, raw: &[u8]) -> String {
-        let pos = gojson::locate(raw, &self.path);
-        let (line, column) = gojson::line_col(raw, pos);
-        let token = gojson::raw_token(raw, pos);
-        match self.invalid {
-            None => format!("proto: syntax error (line {line}:{column}): unexpected token {token}"),
-            Some((kind, field)) => format!(
-                "proto: (line {line}:{column}): invalid value for {kind} field {field}: {token}"
-            ),
+impl<'b> ParsedWrite<'b> {
+    fn decode(body: &'b [u8]) -> Result<Self, Reply> {
+        let Some(raw) = gw_decode(body, schema::WRITE_REQUEST)? else {
+            return Ok(ParsedWrite::Empty);
+        };
+        if let Ok(fast) = serde_json::from_slice(raw) {
+            return Ok(ParsedWrite::Fast(fast));
+        }
+        accepted_json(raw).map(ParsedWrite::Slow)
+    }
+
+    fn request(&self) -> WriteReq<'_> {
+        match self {
+            ParsedWrite::Empty => WriteReq {
+                writes: None,
+                deletes: None,
+                model_id: "",
+            },
+            ParsedWrite::Fast(body) => body.request(),
+            ParsedWrite::Slow(value) => WriteReq::from_value(value),
         }
     }
 }
 
-fn pj_unexpected(path: &[Seg], last: Seg) -> PjErr {
-    let mut path = path.to_vec();
-    path.push(last);
-    PjErr {
-        path,
-        invalid: None,
+mod schema {
+    //! The request messages protojson decodes (api `openfga/v1/openfga_service.proto`,
+    //! `openfga.proto`). Every json_name there is the snake_case proto name.
+
+    use super::gojson::{Field, Kind};
+
+    const fn f(name: &'static str, kind: Kind) -> Field {
+        Field { name, kind }
     }
+
+    const RELATIONSHIP_CONDITION: &[Field] = &[f("name", Kind::Str), f("context", Kind::Struct)];
+    const TUPLE_KEY: &[Field] = &[
+        f("user", Kind::Str),
+        f("relation", Kind::Str),
+        f("object", Kind::Str),
+        f("condition", Kind::Message(RELATIONSHIP_CONDITION)),
+    ];
+    const TUPLE_KEY_WITHOUT_CONDITION: &[Field] = &[
+        f("user", Kind::Str),
+        f("relation", Kind::Str),
+        f("object", Kind::Str),
+    ];
+    const WRITE_REQUEST_WRITES: &[Field] = &[
+        f("tuple_keys", Kind::Repeated(TUPLE_KEY)),
+        f("on_duplicate", Kind::Str),
+    ];
+    const WRITE_REQUEST_DELETES: &[Field] = &[
+        f("tuple_keys", Kind::Repeated(TUPLE_KEY_WITHOUT_CONDITION)),
+        f("on_missing", Kind::Str),
+    ];
+    pub const WRITE_REQUEST: &[Field] = &[
+        f("store_id", Kind::Str),
+        f("writes", Kind::Message(WRITE_REQUEST_WRITES)),
+        f("deletes", Kind::Message(WRITE_REQUEST_DELETES)),
+        f("authorization_model_id", Kind::Str),
+    ];
+    const READ_REQUEST_TUPLE_KEY: &[Field] = &[
+        f("user", Kind::Str),
+        f("relation", Kind::Str),
+        f("object", Kind::Str),
+    ];
+    pub const READ_REQUEST: &[Field] = &[
+        f("store_id", Kind::Str),
+        f("tuple_key", Kind::Message(READ_REQUEST_TUPLE_KEY)),
+        f("page_size", Kind::Int32Wrapper),
+        f("continuation_token", Kind::Str),
+        f("consistency", Kind::Enum),
+    ];
 }
 
-/// A message-typed field: absent or null is unset; anything but an object is an error.
-fn pj_message<'v>(
-    map: &'v Map<String, Value>,
-    name: &'static str,
-    path: &[Seg],
-) -> Result<Option<&'v Map<String, Value>>, PjErr> {
-    match map.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(m)) => Ok(Some(m)),
-        Some(_) => Err(pj_unexpected(path, Seg::Key(name))),
-    }
-}
+mod fastjson {
+    //! Typed, borrowing deserialisation of a WriteRequest body that protojson's rules already
+    //! accepted (`gojson::check_protojson`): unknown fields skipped, `null` meaning unset,
+    //! messages only from JSON objects (never serde's "struct from a sequence"). It declines
+    //! (and the caller falls back to `serde_json::Value`) where one type serves two messages
+    //! here but not in the proto: an `on_missing` among the writes, a delete's `condition`.
 
-/// A string field: absent or null is "".
-fn pj_string<'v>(
-    map: &'v Map<String, Value>,
-    name: &'static str,
-    path: &[Seg],
-) -> Result<&'v str, PjErr> {
-    match map.get(name) {
-        None | Some(Value::Null) => Ok(""),
-        Some(Value::String(s)) => Ok(s),
-        Some(_) => {
-            let mut path = path.to_vec();
-            path.push(Seg::Key(name));
-            Err(PjErr {
-                path,
-                invalid: Some(("string", name)),
-            })
-        }
-    }
-}
+    use std::borrow::Cow;
+    use std::fmt;
 
-/// A repeated message field: absent or null is empty; elements must be objects.
-fn pj_list<'v>(
-    map: &'v Map<String, Value>,
-    name: &'static str,
-    path: &[Seg],
-) -> Result<Vec<&'v Map<String, Value>>, PjErr> {
-    match map.get(name) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| match item {
-                Value::Object(m) => Ok(m),
-                _ => {
-                    let mut p = path.to_vec();
-                    p.push(Seg::Key(name));
-                    p.push(Seg::Idx(i));
-                    Err(PjErr {
-                        path: p,
-                        invalid: None,
-                    })
+    use serde::Deserialize;
+    use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+    use serde_json::{Map, Value};
+
+    use super::{CondIn, TK, TupleList, WriteReq};
+
+    /// A JSON string, borrowed from the body unless it has escapes.
+    pub struct Str<'a>(pub Cow<'a, str>);
+
+    impl<'de> Deserialize<'de> for Str<'de> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Str<'de>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a string")
                 }
-            })
-            .collect(),
-        Some(_) => Err(pj_unexpected(path, Seg::Key(name))),
+                fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
+                    Ok(Str(Cow::Borrowed(v)))
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<Str<'de>, E> {
+                    Ok(Str(Cow::Owned(v.to_owned())))
+                }
+                fn visit_string<E: de::Error>(self, v: String) -> Result<Str<'de>, E> {
+                    Ok(Str(Cow::Owned(v)))
+                }
+            }
+            d.deserialize_str(V)
+        }
     }
+
+    fn text<'v>(s: &'v Option<Str<'_>>) -> &'v str {
+        s.as_ref().map_or("", |s| s.0.as_ref())
+    }
+
+    /// Implements `Deserialize` for a message from a JSON object only.
+    macro_rules! message {
+        ($ty:ident { $($json:literal => $field:ident : $fty:ty),* $(,)? }) => {
+            #[derive(Default)]
+            pub struct $ty<'a> {
+                $(pub $field: Option<$fty>,)*
+                _marker: std::marker::PhantomData<&'a ()>,
+            }
+
+            impl<'de> Deserialize<'de> for $ty<'de> {
+                fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                    struct V;
+                    impl<'de> Visitor<'de> for V {
+                        type Value = $ty<'de>;
+                        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                            f.write_str("an object")
+                        }
+                        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<$ty<'de>, A::Error> {
+                            let mut out = $ty::default();
+                            while let Some(key) = map.next_key::<Str<'de>>()? {
+                                match key.0.as_ref() {
+                                    $($json => out.$field = map.next_value()?,)*
+                                    _ => {
+                                        map.next_value::<IgnoredAny>()?;
+                                    }
+                                }
+                            }
+                            Ok(out)
+                        }
+                    }
+                    d.deserialize_map(V)
+                }
+            }
+        };
+    }
+
+    message!(WriteBody {
+        "store_id" => store_id: Str<'a>,
+        "writes" => writes: ListBody<'a>,
+        "deletes" => deletes: ListBody<'a>,
+        "authorization_model_id" => model_id: Str<'a>,
+    });
+    // One type for both lists: a badly typed option of the other list (an unknown field there)
+    // sends the body to the slow path, which ignores it.
+    message!(ListBody {
+        "tuple_keys" => keys: Vec<KeyBody<'a>>,
+        "on_duplicate" => on_duplicate: Str<'a>,
+        "on_missing" => on_missing: Str<'a>,
+    });
+    message!(KeyBody {
+        "user" => user: Str<'a>,
+        "relation" => relation: Str<'a>,
+        "object" => object: Str<'a>,
+        "condition" => condition: CondBody<'a>,
+    });
+    message!(CondBody {
+        "name" => name: Str<'a>,
+        "context" => context: Map<String, Value>,
+    });
+
+    impl WriteBody<'_> {
+        pub fn request(&self) -> WriteReq<'_> {
+            WriteReq {
+                writes: list(&self.writes, true),
+                deletes: list(&self.deletes, false),
+                model_id: text(&self.model_id),
+            }
+        }
+    }
+
+    fn list<'v>(l: &'v Option<ListBody<'_>>, writes: bool) -> Option<TupleList<'v>> {
+        l.as_ref().map(|l| TupleList {
+            keys: l.keys.iter().flatten().map(|k| key(k, writes)).collect(),
+            option: text(if writes {
+                &l.on_duplicate
+            } else {
+                &l.on_missing
+            }),
+        })
+    }
+
+    fn key<'v>(k: &'v KeyBody<'_>, with_condition: bool) -> TK<'v> {
+        TK {
+            user: text(&k.user),
+            relation: text(&k.relation),
+            object: text(&k.object),
+            condition: k
+                .condition
+                .as_ref()
+                .filter(|_| with_condition)
+                .map(|c| CondIn {
+                    name: text(&c.name),
+                    context: c.context.as_ref(),
+                }),
+        }
+    }
+}
+
+// Lenient accessors for a `Value` that protojson's rules already accepted: a field of the
+// wrong type can only be one that is unknown where it stands, which protojson skips.
+
+fn v_str<'v>(m: &'v Map<String, Value>, name: &str) -> &'v str {
+    m.get(name).and_then(Value::as_str).unwrap_or("")
+}
+
+fn v_obj<'v>(m: &'v Map<String, Value>, name: &str) -> Option<&'v Map<String, Value>> {
+    m.get(name).and_then(Value::as_object)
+}
+
+fn v_list<'v>(
+    m: &'v Map<String, Value>,
+    name: &str,
+) -> impl Iterator<Item = &'v Map<String, Value>> + 'v {
+    m.get(name)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
 }
 
 #[derive(Clone, Copy)]
@@ -1988,67 +2170,38 @@ struct WriteReq<'v> {
 }
 
 impl<'v> WriteReq<'v> {
-    fn parse(v: &'v Value) -> Result<Self, PjErr> {
-        let Value::Object(top) = v else {
-            return Err(PjErr {
-                path: Vec::new(),
-                invalid: None,
-            });
-        };
-        let root: &[Seg] = &[];
-        // Type-checked although the path value replaces it.
-        pj_string(top, "store_id", root)?;
-        let writes = Self::list(top, "writes", "on_duplicate", true)?;
-        let deletes = Self::list(top, "deletes", "on_missing", false)?;
-        let model_id = pj_string(top, "authorization_model_id", root)?;
-        Ok(WriteReq {
-            writes,
-            deletes,
-            model_id,
-        })
-    }
-
-    fn list(
-        top: &'v Map<String, Value>,
-        field: &'static str,
-        option_field: &'static str,
-        with_condition: bool,
-    ) -> Result<Option<TupleList<'v>>, PjErr> {
-        let mut path = vec![Seg::Key(field)];
-        let Some(msg) = pj_message(top, field, &[])? else {
-            return Ok(None);
-        };
-        let items = pj_list(msg, "tuple_keys", &path)?;
-        path.push(Seg::Key("tuple_keys"));
-        let mut keys = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            path.push(Seg::Idx(i));
-            let condition = if with_condition {
-                match pj_message(item, "condition", &path)? {
-                    None => None,
-                    Some(c) => {
-                        path.push(Seg::Key("condition"));
-                        let name = pj_string(c, "name", &path)?;
-                        let context = pj_message(c, "context", &path)?;
-                        path.pop();
-                        Some(CondIn { name, context })
-                    }
-                }
-            } else {
-                // TupleKeyWithoutCondition has no `condition`: an unknown field, dropped.
-                None
+    fn from_value(v: &'v Value) -> Self {
+        let Some(top) = v.as_object() else {
+            return WriteReq {
+                writes: None,
+                deletes: None,
+                model_id: "",
             };
-            keys.push(TK {
-                user: pj_string(item, "user", &path)?,
-                relation: pj_string(item, "relation", &path)?,
-                object: pj_string(item, "object", &path)?,
-                condition,
-            });
-            path.pop();
+        };
+        let list = |field: &str, option: &str, with_condition: bool| {
+            v_obj(top, field).map(|msg| TupleList {
+                keys: v_list(msg, "tuple_keys")
+                    .map(|k| TK {
+                        user: v_str(k, "user"),
+                        relation: v_str(k, "relation"),
+                        object: v_str(k, "object"),
+                        // TupleKeyWithoutCondition has no `condition`: unknown, skipped.
+                        condition: v_obj(k, "condition").filter(|_| with_condition).map(|c| {
+                            CondIn {
+                                name: v_str(c, "name"),
+                                context: v_obj(c, "context"),
+                            }
+                        }),
+                    })
+                    .collect(),
+                option: v_str(msg, option),
+            })
+        };
+        WriteReq {
+            writes: list("writes", "on_duplicate", true),
+            deletes: list("deletes", "on_missing", false),
+            model_id: v_str(top, "authorization_model_id"),
         }
-        path.truncate(1);
-        let option = pj_string(msg, option_field, &path)?;
-        Ok(Some(TupleList { keys, option }))
     }
 
     fn all_keys(&self) -> impl Iterator<Item = (&'v str, &'v str, &'v str)> + '_ {
@@ -2099,54 +2252,27 @@ struct ReadReq<'v> {
 }
 
 impl<'v> ReadReq<'v> {
-    fn parse(v: &'v Value) -> Result<Self, PjErr> {
-        let Value::Object(top) = v else {
-            return Err(PjErr {
-                path: Vec::new(),
-                invalid: None,
-            });
-        };
-        let root: &[Seg] = &[];
-        pj_string(top, "store_id", root)?;
-        let tuple_key = match pj_message(top, "tuple_key", root)? {
-            None => None,
-            Some(tk) => {
-                let path = [Seg::Key("tuple_key")];
-                Some(ReadKey {
-                    user: pj_string(tk, "user", &path)?,
-                    relation: pj_string(tk, "relation", &path)?,
-                    object: pj_string(tk, "object", &path)?,
-                })
-            }
-        };
-        // google.protobuf.Int32Value: a number or a numeric string.
-        let page_size = match top.get("page_size") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(json_int32(v).ok_or(PjErr {
-                path: vec![Seg::Key("page_size")],
-                invalid: Some(("int32", "value")),
-            })?),
-        };
-        let token = pj_string(top, "continuation_token", root)?;
-        // An enum: a number, or a name (unknown names are dropped by DiscardUnknown).
-        let consistency = match top.get("consistency") {
-            None | Some(Value::Null) => 0,
-            Some(Value::String(s)) => match s.as_str() {
-                "MINIMIZE_LATENCY" => 100,
-                "HIGHER_CONSISTENCY" => 200,
-                _ => 0,
+    fn from_value(top: &'v Map<String, Value>) -> Self {
+        ReadReq {
+            tuple_key: v_obj(top, "tuple_key").map(|tk| ReadKey {
+                user: v_str(tk, "user"),
+                relation: v_str(tk, "relation"),
+                object: v_str(tk, "object"),
+            }),
+            // google.protobuf.Int32Value: a number or a numeric string.
+            page_size: top.get("page_size").and_then(json_int32),
+            token: v_str(top, "continuation_token"),
+            // An enum: a number, or a name (unknown names are dropped by DiscardUnknown).
+            consistency: match top.get("consistency") {
+                Some(Value::String(s)) => match s.as_str() {
+                    "MINIMIZE_LATENCY" => 100,
+                    "HIGHER_CONSISTENCY" => 200,
+                    _ => 0,
+                },
+                Some(v) => json_int32(v).unwrap_or(0),
+                None => 0,
             },
-            Some(v) => json_int32(v).ok_or(PjErr {
-                path: vec![Seg::Key("consistency")],
-                invalid: Some(("enum", "consistency")),
-            })?,
-        };
-        Ok(ReadReq {
-            tuple_key,
-            page_size,
-            token,
-            consistency,
-        })
+        }
     }
 }
 
@@ -2245,19 +2371,32 @@ fn is_ulid(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b.is_ascii_uppercase() && !b"ILOU".contains(&b)))
 }
 
+/// The number of characters (RE2 counts runes).
+fn char_len(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.chars().count()
+    }
+}
+
+/// RE2's `\s` and the other excluded characters are all ASCII, so bytes can be tested directly
+/// (no byte of a multi-byte UTF-8 sequence is ASCII).
+fn is_re2_space_byte(b: u8) -> bool {
+    matches!(b, b'\t' | b'\n' | 0x0c | b'\r' | b' ')
+}
+
 /// `^[^:#@\s]{1,50}$`
 fn relation_pattern_ok(s: &str) -> bool {
-    let n = s.chars().count();
-    (1..=50).contains(&n)
+    (1..=50).contains(&char_len(s))
         && !s
-            .chars()
-            .any(|c| matches!(c, ':' | '#' | '@') || is_re2_space(c))
+            .bytes()
+            .any(|b| matches!(b, b':' | b'#' | b'@') || is_re2_space_byte(b))
 }
 
 /// `^[^\s]{2,256}$` (objects and condition names)
 fn nonspace_2_256(s: &str) -> bool {
-    let n = s.chars().count();
-    (2..=256).contains(&n) && !s.chars().any(is_re2_space)
+    (2..=256).contains(&char_len(s)) && !s.bytes().any(is_re2_space_byte)
 }
 
 /// `^[^\s]{1,511}:[^\s]{1,511}$` (Read's user filter)
@@ -2487,14 +2626,14 @@ fn invalid_argument_code(sanitized: &str) -> &'static str {
 //   userset (schema 1.1); a delete's user only needs to pass `IsValidUser`.
 
 fn split_object(s: &str) -> (&str, &str) {
-    match s.find(':') {
+    match s.bytes().position(|b| b == b':') {
         None => ("", s),
         Some(i) => (&s[..i], &s[i + 1..]),
     }
 }
 
 fn split_object_relation(s: &str) -> (&str, &str) {
-    match s.rfind('#') {
+    match s.bytes().rposition(|b| b == b'#') {
         None => (s, ""),
         Some(i) if i == s.len() - 1 => (&s[..i], ""),
         Some(i) => (&s[..i], &s[i + 1..]),
@@ -3016,13 +3155,17 @@ fn decode_token(token: &str) -> Option<String> {
     String::from_utf8(b64url_decode(token)?).ok()
 }
 
-/// A recorded body as JSON for `WriteRecord::body`.
+/// A recorded body as JSON for `WriteRecord::body`: its first JSON value (all the server ever
+/// reads), `Null` for an empty body, the text itself when that is not JSON.
 fn body_as_json(body: &[u8]) -> Value {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Value::Null;
+    let as_text = || Value::String(String::from_utf8_lossy(body).into_owned());
+    match gojson::first_value(body) {
+        Ok(None) => Value::Null,
+        Ok(Some((start, end))) => {
+            serde_json::from_slice(&body[start..end]).unwrap_or_else(|_| as_text())
+        }
+        Err(_) => as_text(),
     }
-    serde_json::from_slice(body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -3330,40 +3473,233 @@ mod gojson {
         }
     }
 
-    /// Where the value at `path` starts in `raw` (a syntactically valid JSON value). For a
-    /// repeated key the last one counts, as in the decoded `Value`.
-    pub fn locate(raw: &[u8], path: &[super::Seg]) -> usize {
-        let mut i = skip_ws(raw, 0);
-        for seg in path {
-            match *seg {
-                super::Seg::Key(key) => {
-                    let mut found = i;
-                    let mut j = skip_ws(raw, i + 1);
-                    while raw.get(j) == Some(&b'"') {
-                        let key_end = skip_string(raw, j);
-                        let name: Option<String> = serde_json::from_slice(&raw[j..key_end]).ok();
-                        j = skip_ws(raw, skip_ws(raw, key_end) + 1);
-                        if name.as_deref() == Some(key) {
-                            found = j;
-                        }
-                        j = skip_ws(raw, skip_value(raw, j));
-                        if raw.get(j) == Some(&b',') {
-                            j = skip_ws(raw, j + 1);
-                        }
-                    }
-                    i = found;
+    /// A field of a request message, for [`check_protojson`].
+    pub struct Field {
+        pub name: &'static str,
+        pub kind: Kind,
+    }
+
+    pub enum Kind {
+        Str,
+        Message(&'static [Field]),
+        Repeated(&'static [Field]),
+        /// `google.protobuf.Struct`
+        Struct,
+        /// `google.protobuf.Int32Value`
+        Int32Wrapper,
+        Enum,
+    }
+
+    /// protojson's `Unmarshal` with `DiscardUnknown` over an already well-formed JSON value,
+    /// in document order, stopping at the first error as protobuf-go does
+    /// (`encoding/protojson/decode.go`): unknown fields skipped, a repeated field name
+    /// (`duplicate field`), a repeated Struct key (`duplicate map key`), `null` meaning unset,
+    /// a message from anything but an object (`syntax error …: unexpected token`), a badly
+    /// typed scalar (`invalid value for <kind> field <name>`). Positions are protobuf-go's:
+    /// line and rune column from the first byte of the value.
+    pub fn check_protojson(raw: &[u8], fields: &[Field]) -> Result<(), String> {
+        let mut w = Walker {
+            b: raw,
+            i: skip_ws(raw, 0),
+        };
+        w.message(fields)
+    }
+
+    struct Walker<'a> {
+        b: &'a [u8],
+        i: usize,
+    }
+
+    impl<'a> Walker<'a> {
+        fn peek(&self) -> Option<u8> {
+            self.b.get(self.i).copied()
+        }
+
+        fn ws(&mut self) {
+            self.i = skip_ws(self.b, self.i);
+        }
+
+        fn error_at(&self, pos: usize, message: &str) -> String {
+            let (line, column) = line_col(self.b, pos);
+            format!("proto: (line {line}:{column}): {message}")
+        }
+
+        fn unexpected(&self) -> String {
+            let (line, column) = line_col(self.b, self.i);
+            format!(
+                "proto: syntax error (line {line}:{column}): unexpected token {}",
+                raw_token(self.b, self.i)
+            )
+        }
+
+        fn invalid(&self, kind: &str, name: &str) -> String {
+            let token = raw_token(self.b, self.i);
+            self.error_at(
+                self.i,
+                &format!("invalid value for {kind} field {name}: {token}"),
+            )
+        }
+
+        /// An object key at `self.i`: its raw token and its decoded text; moves past the `:`.
+        fn key(&mut self) -> (&'a [u8], std::borrow::Cow<'a, str>) {
+            let start = self.i;
+            let end = skip_string(self.b, start);
+            let raw = &self.b[start..end];
+            let inner = &raw[1..raw.len() - 1];
+            let name = if inner.contains(&b'\\') {
+                std::borrow::Cow::Owned(serde_json::from_slice::<String>(raw).unwrap_or_default())
+            } else {
+                String::from_utf8_lossy(inner)
+            };
+            self.i = skip_ws(self.b, end) + 1;
+            self.ws();
+            (raw, name)
+        }
+
+        fn message(&mut self, fields: &[Field]) -> Result<(), String> {
+            if self.peek() != Some(b'{') {
+                return Err(self.unexpected());
+            }
+            self.i += 1;
+            let mut seen = 0u64;
+            loop {
+                self.ws();
+                if self.peek() != Some(b'"') {
+                    self.i += 1; // the closing brace
+                    return Ok(());
                 }
-                super::Seg::Idx(n) => {
-                    let mut j = skip_ws(raw, i + 1);
-                    for _ in 0..n {
-                        j = skip_ws(raw, skip_value(raw, j));
-                        j = skip_ws(raw, j + 1);
+                let key_pos = self.i;
+                let (raw_key, name) = self.key();
+                match fields.iter().position(|f| f.name == name) {
+                    None => self.i = skip_value(self.b, self.i),
+                    Some(n) => {
+                        if seen & (1 << n) != 0 {
+                            let message =
+                                format!("duplicate field {}", String::from_utf8_lossy(raw_key));
+                            return Err(self.error_at(key_pos, &message));
+                        }
+                        seen |= 1 << n;
+                        self.field(&fields[n])?;
                     }
-                    i = j;
+                }
+                self.ws();
+                if self.peek() == Some(b',') {
+                    self.i += 1;
                 }
             }
         }
-        i
+
+        fn field(&mut self, field: &Field) -> Result<(), String> {
+            // `null` leaves any of these fields unset.
+            if self.b[self.i..].starts_with(b"null") {
+                self.i += 4;
+                return Ok(());
+            }
+            match field.kind {
+                Kind::Str => {
+                    if self.peek() != Some(b'"') {
+                        return Err(self.invalid("string", field.name));
+                    }
+                    self.i = skip_string(self.b, self.i);
+                }
+                Kind::Message(fields) => self.message(fields)?,
+                Kind::Repeated(fields) => {
+                    if self.peek() != Some(b'[') {
+                        return Err(self.unexpected());
+                    }
+                    self.i += 1;
+                    loop {
+                        self.ws();
+                        if self.peek() == Some(b']') {
+                            self.i += 1;
+                            break;
+                        }
+                        self.message(fields)?;
+                        self.ws();
+                        if self.peek() == Some(b',') {
+                            self.i += 1;
+                        }
+                    }
+                }
+                Kind::Struct => self.struct_value()?,
+                Kind::Int32Wrapper => {
+                    if !self.int32_token() {
+                        return Err(self.invalid("int32", "value"));
+                    }
+                    self.i = skip_value(self.b, self.i);
+                }
+                Kind::Enum => {
+                    // A name (unknown ones are discarded) or an int32.
+                    if self.peek() != Some(b'"') && !self.int32_token() {
+                        return Err(self.invalid("enum", field.name));
+                    }
+                    self.i = skip_value(self.b, self.i);
+                }
+            }
+            Ok(())
+        }
+
+        fn int32_token(&self) -> bool {
+            let end = skip_value(self.b, self.i);
+            serde_json::from_slice::<serde_json::Value>(&self.b[self.i..end])
+                .ok()
+                .and_then(|v| super::json_int32(&v))
+                .is_some()
+        }
+
+        /// A `google.protobuf.Struct`: an object whose keys may not repeat, at any depth.
+        fn struct_value(&mut self) -> Result<(), String> {
+            if self.peek() != Some(b'{') {
+                return Err(self.unexpected());
+            }
+            self.i += 1;
+            let mut keys: Vec<std::borrow::Cow<'a, str>> = Vec::new();
+            loop {
+                self.ws();
+                if self.peek() != Some(b'"') {
+                    self.i += 1;
+                    return Ok(());
+                }
+                let key_pos = self.i;
+                let (raw_key, name) = self.key();
+                if keys.contains(&name) {
+                    let message = format!("duplicate map key {}", String::from_utf8_lossy(raw_key));
+                    return Err(self.error_at(key_pos, &message));
+                }
+                keys.push(name);
+                self.any_value()?;
+                self.ws();
+                if self.peek() == Some(b',') {
+                    self.i += 1;
+                }
+            }
+        }
+
+        /// A `google.protobuf.Value`.
+        fn any_value(&mut self) -> Result<(), String> {
+            match self.peek() {
+                Some(b'{') => self.struct_value(),
+                Some(b'[') => {
+                    self.i += 1;
+                    loop {
+                        self.ws();
+                        if self.peek() == Some(b']') {
+                            self.i += 1;
+                            return Ok(());
+                        }
+                        self.any_value()?;
+                        self.ws();
+                        if self.peek() == Some(b',') {
+                            self.i += 1;
+                        }
+                    }
+                }
+                _ => {
+                    self.i = skip_value(self.b, self.i);
+                    Ok(())
+                }
+            }
+        }
     }
 
     /// The token at `pos` as protobuf-go's `Token.RawString` shows it.

@@ -5,3 +5,4 @@
 pub mod fga;
 pub mod pg;
 pub mod relay;
+pub mod tls;

@@ -16,16 +16,42 @@ use std::time::Duration;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// How a cluster of our own runs (see [`TestDb::start_with`]).
+#[derive(Clone, Debug, Default)]
+pub struct PgOptions {
+    /// PostgreSQL's own durability defaults: `fsync` and `full_page_writes` on, as in
+    /// production. Without it (the tests' default) the cluster skips
+    /// them, for speed: tests are about behaviour, and a benchmark is about the real thing.
+    pub durable: bool,
+    /// More server settings, passed as `-c name='value'` (e.g. `shared_preload_libraries`).
+    pub settings: Vec<(String, String)>,
+    /// Also listen on TCP, 127.0.0.1, on a free port ([`TestDb::tcp_port`]).
+    pub tcp: bool,
+    /// When not empty: the whole `pg_hba.conf`, a line each (e.g. `hostssl all all
+    /// 127.0.0.1/32 trust`).
+    pub hba: Vec<String>,
+    /// Files put in the data directory before the server starts, owned by `postgres` with mode
+    /// 0600 (as PostgreSQL wants a TLS key): (name, contents). Relative paths in settings such
+    /// as `ssl_cert_file` are relative to the data directory.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
 /// One PostgreSQL database for one test.
 pub struct TestDb {
     /// Connection string for the test's database (key=value form, accepted by tokio-postgres).
     url: String,
     kind: Kind,
+    /// The TCP port, when the cluster also listens on 127.0.0.1 ([`PgOptions::tcp`]).
+    tcp_port: Option<u16>,
 }
 
 enum Kind {
     /// A cluster of our own; `dir` holds `data/`, the socket and the log.
-    Cluster { dir: PathBuf, bin: PathBuf },
+    Cluster {
+        dir: PathBuf,
+        bin: PathBuf,
+        options: PgOptions,
+    },
     /// A database on a server we were given; `admin_url` connects to its `postgres` database.
     Shared { admin_url: String, name: String },
 }
@@ -49,21 +75,40 @@ impl TestDb {
                     admin_url: admin,
                     name,
                 },
+                tcp_port: None,
             };
         }
+        TestDb::start_with(PgOptions::default())
+    }
+
+    /// Starts a cluster of our own with these options, whatever `TEST_DATABASE_URL` says: the
+    /// benchmark must know what server it measures.
+    pub fn start_with(options: PgOptions) -> TestDb {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let bin = pg_bindir();
         let dir = std::env::temp_dir().join(format!("pgt-{}-{}", std::process::id(), n));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the cluster directory");
         let template = template_cluster(&bin);
         copy_dir(&template, &dir.join("data"));
+        write_data_files(&dir.join("data"), &options);
         chown_to_postgres(&dir);
+        // Bound and let go at once: another process could take the port in between, which no
+        // test here does.
+        let tcp_port = options.tcp.then(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("find a free port")
+                .port()
+        });
         let db = TestDb {
             url: format!(
-                "host={} port=5432 user=postgres dbname=postgres",
-                dir.display()
+                "host={} port={} user=postgres dbname=postgres",
+                dir.display(),
+                tcp_port.unwrap_or(5432)
             ),
-            kind: Kind::Cluster { dir, bin },
+            kind: Kind::Cluster { dir, bin, options },
+            tcp_port,
         };
         db.pg_ctl_start();
         db
@@ -72,6 +117,11 @@ impl TestDb {
     /// The connection string, for the relay's `DATABASE_URL`.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The TCP port on 127.0.0.1, when the cluster listens there ([`PgOptions::tcp`]).
+    pub fn tcp_port(&self) -> Option<u16> {
+        self.tcp_port
     }
 
     /// The directory holding the Unix socket, when this is a cluster of our own.
@@ -110,14 +160,26 @@ impl TestDb {
     }
 
     fn pg_ctl_start(&self) {
-        let Kind::Cluster { dir, .. } = &self.kind else {
+        let Kind::Cluster { dir, options, .. } = &self.kind else {
             panic!("only a cluster of our own can be started or stopped");
         };
-        let opts = format!(
-            "-c listen_addresses='' -k {} -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off -c max_connections=200 -c shared_buffers=128MB",
+        let mut opts = format!(
+            "-c listen_addresses='' -k {} -c max_connections=200 -c shared_buffers=128MB",
             dir.display()
         );
+        if !options.durable {
+            // Safe against the crashes tests make (processes killed, `-m immediate`): the
+            // operating system keeps what was written. Not `synchronous_commit = off`: a commit
+            // still in PostgreSQL's own buffers dies with it, and tests that restart the server
+            // rely on what they committed being there afterwards.
+            opts.push_str(" -c fsync=off -c full_page_writes=off");
+        }
+        for (name, value) in &options.settings {
+            opts.push_str(&format!(" -c {name}='{value}'"));
+        }
+        if let Some(port) = self.tcp_port {
+            opts.push_str(&format!(" -c listen_addresses='127.0.0.1' -c port={port}"));
+        }
         self.pg_ctl(&[
             "-l",
             &dir.join("log").display().to_string(),
@@ -131,7 +193,7 @@ impl TestDb {
     }
 
     fn pg_ctl(&self, args: &[&str]) {
-        let Kind::Cluster { dir, bin } = &self.kind else {
+        let Kind::Cluster { dir, bin, .. } = &self.kind else {
             panic!("only a cluster of our own can be started or stopped");
         };
         let data = dir.join("data");
@@ -154,7 +216,7 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         match &self.kind {
-            Kind::Cluster { dir, bin } => {
+            Kind::Cluster { dir, bin, .. } => {
                 let data = dir.join("data");
                 let _ = pg_tool(
                     &bin.join("pg_ctl"),
@@ -347,6 +409,22 @@ fn template_cluster(bin: &Path) -> PathBuf {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     template
+}
+
+/// Writes [`PgOptions::hba`] and [`PgOptions::files`] into a data directory (before it is
+/// handed to `postgres`).
+fn write_data_files(data: &Path, options: &PgOptions) {
+    use std::os::unix::fs::PermissionsExt;
+    if !options.hba.is_empty() {
+        std::fs::write(data.join("pg_hba.conf"), options.hba.join("\n") + "\n")
+            .expect("write pg_hba.conf");
+    }
+    for (name, contents) in &options.files {
+        let path = data.join(name);
+        std::fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod 0600");
+    }
 }
 
 fn copy_dir(from: &Path, to: &Path) {

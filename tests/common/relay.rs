@@ -105,6 +105,32 @@ impl Env {
         }
     }
 
+    /// How many rows are dead.
+    pub async fn dead(&self) -> i64 {
+        let client = self.db.connect().await;
+        client
+            .query_one(
+                "SELECT count(*) FROM fga_outbox WHERE failed_at IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Sessions that sit in an open transaction: a claim left behind.
+    pub async fn idle_in_transaction(&self) -> i64 {
+        let client = self.db.connect().await;
+        client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     /// How many rows are pending.
     pub async fn pending(&self) -> i64 {
         let client = self.db.connect().await;

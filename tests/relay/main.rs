@@ -6,6 +6,10 @@ mod common;
 
 mod commands;
 mod delivery;
+mod faults;
 mod listen;
+mod observability;
 mod payloads;
+mod reconcile;
+mod security;
 mod settings;

@@ -140,3 +140,25 @@ async fn secrets_never_reach_the_logs() {
     assert!(!logs.contains("s3cret-token"), "{logs}");
     assert!(!logs.contains("pa55word"), "{logs}");
 }
+
+/// A relay started before its database (boot order, a restart) waits for it instead of exiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_before_postgres_waits_for_it() {
+    let env = Env::start().await;
+    env.db.stop_immediately();
+    let relay = env.spawn_relay(&[]);
+    relay.wait_for_log("waiting for PostgreSQL").await;
+    env.db.restart_after_stop();
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(crate::common::relay::writes(&[crate::common::relay::tk(
+            "user:anne",
+            "viewer",
+            "document:1",
+        )]))
+        .await;
+    crate::common::relay::wait_until(PROMPTLY, "delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+}

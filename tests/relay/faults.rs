@@ -1,0 +1,591 @@
+//! Delivery guarantees under faults that really happen: the relay killed with SIGKILL,
+//! PostgreSQL restarted, OpenFGA refusing, rate-limiting, hanging, rejecting; several relays and
+//! a drain at once. Each test checks that no row is lost, none is left claimed, and OpenFGA ends
+//! in the state the outbox says.
+
+use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, assert_success, deletes, insert_with, tk, wait_until, writes};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// The outbox of `n` rows: row i writes `user:u{i} viewer document:{i % 100}`, and every tenth
+/// row also deletes the tuple written five rows before. Returns the expected final tuples.
+async fn fill(env: &Env, n: i64) -> BTreeMap<String, bool> {
+    let client = env.db.connect().await;
+    client
+        .execute(
+            "INSERT INTO fga_outbox (payload)
+             SELECT CASE WHEN i % 10 = 9 THEN jsonb_build_object(
+                        'writes', jsonb_build_array(jsonb_build_object(
+                            'user', 'user:u' || i, 'relation', 'viewer', 'object', 'document:' || (i % 100))),
+                        'deletes', jsonb_build_array(jsonb_build_object(
+                            'user', 'user:u' || (i - 5), 'relation', 'viewer', 'object', 'document:' || ((i - 5) % 100))))
+                    ELSE jsonb_build_object(
+                        'writes', jsonb_build_array(jsonb_build_object(
+                            'user', 'user:u' || i, 'relation', 'viewer', 'object', 'document:' || (i % 100))))
+                    END
+             FROM generate_series(0, $1::bigint - 1) i",
+            &[&n],
+        )
+        .await
+        .unwrap();
+    let mut expected = BTreeMap::new();
+    for i in 0..n {
+        expected.insert(format!("user:u{i}|document:{}", i % 100), true);
+        if i % 10 == 9 {
+            expected.insert(format!("user:u{}|document:{}", i - 5, (i - 5) % 100), false);
+        }
+    }
+    expected
+}
+
+/// Asserts that OpenFGA holds exactly the tuples `expected` says are present.
+fn assert_final_state(fga: &FakeFga, expected: &BTreeMap<String, bool>) {
+    let held: std::collections::BTreeSet<String> = fga
+        .tuples()
+        .iter()
+        .map(|t| format!("{}|{}", t.user, t.object))
+        .collect();
+    let want: std::collections::BTreeSet<String> = expected
+        .iter()
+        .filter(|(_, present)| **present)
+        .map(|(k, _)| k.clone())
+        .collect();
+    let missing: Vec<_> = want.difference(&held).take(10).collect();
+    let extra: Vec<_> = held.difference(&want).take(10).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "OpenFGA differs from the outbox: missing {missing:?}, extra {extra:?}"
+    );
+}
+
+/// Operations OpenFGA accepted beyond the outbox's own: deliveries made twice.
+fn duplicate_operations(fga: &FakeFga, outbox_ops: usize) -> usize {
+    let accepted: usize = fga
+        .writes()
+        .iter()
+        .filter(|w| w.status == 200)
+        .map(|w| {
+            ["writes", "deletes"]
+                .iter()
+                .map(|p| w.body[p]["tuple_keys"].as_array().map_or(0, Vec::len))
+                .sum::<usize>()
+        })
+        .sum();
+    accepted.saturating_sub(outbox_ops)
+}
+
+async fn assert_nothing_left(env: &Env) {
+    assert_eq!(env.pending().await, 0, "rows left pending");
+    assert_eq!(
+        env.dead().await,
+        0,
+        "rows dead-lettered by a transient fault"
+    );
+    assert_eq!(env.idle_in_transaction().await, 0, "a claim left open");
+}
+
+/// SIGKILL at random moments of a 5,000-row drain, five times: nothing is lost, and each crash
+/// costs at most one batch of duplicate deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_moments_of_a_5000_row_drain_loses_nothing() {
+    let env = Env::start().await;
+    let expected = fill(&env, 5000).await;
+    let outbox_ops = 5000 + 500;
+    // Slow OpenFGA down a little so that the drain lasts long enough to be killed in the middle.
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(15)),
+        1_000_000,
+    ));
+    let batch = 200;
+    let rounds = 5;
+    for round in 0..rounds {
+        let before = env.fga.write_count();
+        let mut relay = env.spawn_relay(&[("FGA_RELAY_BATCH_SIZE", "200")]);
+        wait_until(PROMPTLY, "the relay delivers", || async {
+            env.fga.write_count() > before
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..400))).await;
+        relay.kill9();
+        let left = env.pending().await;
+        println!("round {round}: killed with {left} rows pending");
+    }
+    env.fga.clear_faults();
+    let _relay = env.start_relay().await;
+    wait_until(
+        Duration::from_secs(60),
+        "every row is delivered",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    assert_nothing_left(&env).await;
+    assert_final_state(&env.fga, &expected);
+    let dups = duplicate_operations(&env.fga, outbox_ops);
+    println!(
+        "{rounds} crashes caused {dups} duplicate tuple operations (at most {} allowed)",
+        rounds * batch * 2
+    );
+    // A crash redelivers at most the batch it was in: at most `batch` rows of at most 2 tuples.
+    assert!(
+        dups <= rounds * batch * 2,
+        "{dups} duplicate operations for {rounds} crashes"
+    );
+}
+
+/// PostgreSQL restarted in the middle of a drain: the relay reconnects and finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_mid_drain_loses_nothing() {
+    let env = Env::start().await;
+    let expected = fill(&env, 5000).await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(10)),
+        1_000_000,
+    ));
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the relay delivers", || async {
+        env.fga.write_count() > 5
+    })
+    .await;
+    env.db.restart();
+    // Rows inserted after the restart, while the relay reconnects, are delivered too.
+    let late = env
+        .insert(writes(&[tk("user:late", "viewer", "document:late")]))
+        .await;
+    relay.wait_for_log("LISTEN connection reconnected").await;
+    env.fga.clear_faults();
+    wait_until(
+        Duration::from_secs(60),
+        "every row is delivered",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    assert!(env.row(late).await.delivered);
+    assert_nothing_left(&env).await;
+    assert_final_state(&env.fga, &{
+        let mut e = expected;
+        e.insert("user:late|document:late".into(), true);
+        e
+    });
+}
+
+/// OpenFGA refusing connections for a while dead-letters nothing, records the failed attempts,
+/// and delivery resumes within a couple of seconds of OpenFGA coming back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openfga_refusing_connections_for_a_while_then_back() {
+    let env = Env::start().await;
+    let relay = env.start_relay().await;
+    env.fga.set_refusing(true);
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        ids.push(
+            env.insert(writes(&[tk(&format!("user:u{i}"), "viewer", "document:1")]))
+                .await,
+        );
+    }
+    relay.wait_for_log_count("write failed", 5).await;
+    let row = env.row(ids[0]).await;
+    assert!(!row.delivered && !row.dead && row.attempts >= 1, "{row:?}");
+    assert!(
+        row.last_error.unwrap_or_default().contains("connect"),
+        "the reason is recorded"
+    );
+    // Long enough for the backoff to reach its cap.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.fga.set_refusing(false);
+    let back = Instant::now();
+    wait_until(PROMPTLY, "delivery resumes", || async {
+        env.pending().await == 0
+    })
+    .await;
+    println!(
+        "delivered everything {:?} after OpenFGA came back",
+        back.elapsed()
+    );
+    assert_eq!(env.dead().await, 0);
+    assert_eq!(env.fga.tuples().len(), 30);
+}
+
+/// 429 with Retry-After: the relay waits at least that long before the next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limiting_with_retry_after_is_honoured() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::once(Fault::rate_limited(2)));
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let _relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the row is delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    let w = env.fga.writes();
+    assert_eq!(w[0].status, 429);
+    assert_eq!(w[1].status, 200);
+    let gap = w[1].received_at - w[0].received_at;
+    assert!(
+        gap >= Duration::from_secs(2),
+        "retried after {gap:?}, before Retry-After's 2 s"
+    );
+    let row = env.row(id).await;
+    assert_eq!(row.attempts, 1);
+    assert!(row.last_error.unwrap_or_default().contains("429"));
+}
+
+/// OpenFGA accepting the connection and never answering: the request times out, counts as a
+/// transient failure, and the row is delivered on a later attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openfga_hanging_times_out_and_is_retried() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(Fault::Hang, 2));
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(Duration::from_secs(30), "the row is delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    assert!(relay.logs().contains("timed out"), "{}", relay.logs());
+    assert_eq!(env.row(id).await.attempts, 2);
+}
+
+/// Garbage from something in front of OpenFGA (a proxy's HTML page) is a loud error, retried,
+/// and dead-letters nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_answers_dead_letter_nothing() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Garbage {
+            status: 200,
+            content_type: "text/html".into(),
+            body: "<html>captive portal</html>".into(),
+        },
+        2,
+    ));
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(Duration::from_secs(30), "the row is delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    assert!(
+        relay.logs().contains("unexpected answer from OpenFGA"),
+        "{}",
+        relay.logs()
+    );
+    assert_eq!(env.dead().await, 0);
+}
+
+/// A row that keeps failing (5xx whenever it is sent) while the rows around it succeed is held
+/// back, the others flow past it, and it is dead-lettered after --max-attempts. A later row on
+/// one of its tuples waits behind it: it is delivered only once the bad row is dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_failing_transiently_alone_is_isolated_then_dead_lettered() {
+    let env = Env::start().await;
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 1_000_000).when_tuple(
+            "user:poison",
+            "viewer",
+            "document:p",
+        ));
+    let client = env.db.connect().await;
+    let mut before = Vec::new();
+    for i in 0..20 {
+        before.push(
+            insert_with(
+                &client,
+                writes(&[tk(&format!("user:a{i}"), "viewer", "document:1")]),
+            )
+            .await,
+        );
+    }
+    let bad = insert_with(
+        &client,
+        writes(&[
+            tk("user:poison", "viewer", "document:p"),
+            tk("user:shared", "viewer", "document:s"),
+        ]),
+    )
+    .await;
+    let behind = insert_with(
+        &client,
+        deletes(&[tk("user:shared", "viewer", "document:s")]),
+    )
+    .await;
+    let mut after = Vec::new();
+    for i in 0..20 {
+        after.push(
+            insert_with(
+                &client,
+                writes(&[tk(&format!("user:b{i}"), "viewer", "document:1")]),
+            )
+            .await,
+        );
+    }
+    let _relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "3")]);
+    wait_until(
+        PROMPTLY,
+        "the rows around the bad one are delivered",
+        || async {
+            let mut all = true;
+            for id in before.iter().chain(&after) {
+                all &= env.row(*id).await.delivered;
+            }
+            all
+        },
+    )
+    .await;
+    assert!(
+        !env.row(behind).await.delivered,
+        "the row behind the bad one must wait"
+    );
+    // Strikes count only while other rows are delivered (alone, a failure looks like an
+    // outage): keep traffic flowing, as a live system has.
+    let mut n = 0;
+    wait_until(Duration::from_secs(30), "the bad row is dead", || {
+        n += 1;
+        let (client, env, n) = (&client, &env, n);
+        async move {
+            let t = tk(&format!("user:c{n}"), "viewer", "document:1");
+            insert_with(client, writes(&[t])).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            env.row(bad).await.dead
+        }
+    })
+    .await;
+    let row = env.row(bad).await;
+    assert!(
+        row.last_error
+            .clone()
+            .unwrap_or_default()
+            .contains("gave up after 3"),
+        "{row:?}"
+    );
+    wait_until(
+        PROMPTLY,
+        "the row behind it goes once it is dead",
+        || async { env.row(behind).await.delivered },
+    )
+    .await;
+    // The tuple the bad row would have written is absent: its write never happened, and the
+    // delete behind it did.
+    assert!(!env.fga.has("user:shared", "viewer", "document:s"));
+    assert!(!env.fga.has("user:poison", "viewer", "document:p"));
+}
+
+/// One tuple OpenFGA rejects among 100 rows: its row alone is dead, with OpenFGA's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_tuple_among_100_rows_dead_letters_only_its_row() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    let mut ids = Vec::new();
+    for i in 0..100 {
+        let t = if i == 57 {
+            tk("organization:acme", "viewer", "document:57") // not an allowed type for document#viewer
+        } else {
+            tk(&format!("user:u{i}"), "viewer", &format!("document:{i}"))
+        };
+        ids.push(insert_with(&client, writes(&[t])).await);
+    }
+    let _relay = env.start_relay().await;
+    wait_until(PROMPTLY, "nothing is pending", || async {
+        env.pending().await == 0
+    })
+    .await;
+    let bad = env.row(ids[57]).await;
+    assert!(bad.dead);
+    assert!(
+        bad.last_error
+            .unwrap_or_default()
+            .contains("is not an allowed type restriction")
+    );
+    assert_eq!(env.dead().await, 1);
+    assert_eq!(env.fga.tuples().len(), 99);
+}
+
+/// The ordering test: a few tuples written, deleted, written, deleted… in successive rows, while
+/// rows keep arriving, OpenFGA fails now and then (5xx, 409 races, slow answers), two relays run,
+/// one of them is killed, and a `drain` runs too. OpenFGA must end in the last operation's state
+/// for every tuple.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_revokes_keep_their_order_through_faults_two_relays_and_a_drain() {
+    let env = Env::start().await;
+    let tuples = 8;
+    let rows = 600;
+    let mut last: HashMap<usize, bool> = HashMap::new();
+    let mut plan = Vec::new();
+    for j in 0..rows {
+        let k = (j * 7 + j / 13) % tuples;
+        let write = !last.get(&k).copied().unwrap_or(false);
+        last.insert(k, write);
+        plan.push((k, write));
+    }
+    let faults = |n: usize| {
+        for i in 0..n {
+            let f = match i % 3 {
+                0 => Fault::internal(),
+                1 => Fault::aborted(),
+                _ => Fault::Delay(Duration::from_millis(30)),
+            };
+            env.fga.push_fault(FaultRule::once(f));
+        }
+    };
+    let client = env.db.connect().await;
+    let mut a = env.spawn_relay(&[]);
+    a.wait_for_log("delivering (leader)").await;
+    let b = env.spawn_relay(&[]);
+    b.wait_for_log("standing by").await;
+    let mut drain = None;
+    for (j, (k, write)) in plan.iter().enumerate() {
+        let t = tk(&format!("user:t{k}"), "viewer", "document:mix");
+        let p = if *write { writes(&[t]) } else { deletes(&[t]) };
+        insert_with(&client, p).await;
+        if j % 50 == 0 {
+            faults(4);
+        }
+        if j == 200 {
+            drain = Some(
+                env.command(&["drain", "--timeout", "60s"])
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        if j == 300 {
+            a.kill9();
+        }
+        if j % 20 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let out = drain.unwrap().wait_with_output().unwrap();
+    assert_success(&out, "drain during the storm");
+    // The standby took over from the killed leader (or the drain did, and handed back).
+    b.wait_for_log("delivering (leader)").await;
+    wait_until(
+        Duration::from_secs(60),
+        "every row is delivered",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    env.fga.clear_faults();
+    assert_nothing_left(&env).await;
+    for k in 0..tuples {
+        let present = env.fga.has(&format!("user:t{k}"), "viewer", "document:mix");
+        assert_eq!(
+            present, last[&k],
+            "tuple {k}: OpenFGA does not hold the last operation's state"
+        );
+    }
+    let failed = env.fga.writes().iter().filter(|w| w.status != 200).count();
+    assert!(failed > 10, "faults were injected ({failed} failed writes)");
+}
+
+/// The LISTEN connection hangs silently (its backend stopped: no error, no answer, as after a
+/// network cut). The heartbeat notices within two intervals; once PostgreSQL lets the dead
+/// session go, the relay leads again and delivers what was inserted meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_hung_listen_connection_is_noticed_by_the_heartbeat() {
+    let env = Env::start().await;
+    let relay = env.start_relay().await;
+    let admin = env.db.connect().await;
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'fga-relay run listener'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // SAFETY: signals to a PostgreSQL backend process of our own test cluster.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    relay.wait_for_log("heartbeat got no answer").await;
+    let id = env
+        .insert(writes(&[tk("user:during", "viewer", "document:1")]))
+        .await;
+    // The stopped backend still holds the leadership lock, as a half-dead session does until
+    // PostgreSQL's keepalives end it; the relay stands by meanwhile.
+    relay.wait_for_log("standing by").await;
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    wait_until(
+        PROMPTLY,
+        "the row inserted during the hang is delivered",
+        || async { env.row(id).await.delivered },
+    )
+    .await;
+}
+
+/// PostgreSQL turned read-only (as a demoted primary is): the relay drops its connections and
+/// reconnects only to a writable server; rows inserted meanwhile are delivered once it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_left_for_a_writable_one() {
+    let env = Env::start().await;
+    let relay = env.start_relay().await;
+    let admin = env.db.connect().await;
+    for sql in [
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "SELECT pg_reload_conf()",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name LIKE 'fga-relay%'",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
+    relay
+        .wait_for_log("cannot open the LISTEN connection")
+        .await;
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(&format!(
+            "BEGIN READ WRITE; INSERT INTO fga_outbox (payload) VALUES ('{}'); COMMIT;",
+            writes(&[tk("user:ro", "viewer", "document:1")])
+        ))
+        .await
+        .unwrap();
+    for sql in [
+        "SET default_transaction_read_only = off",
+        "ALTER SYSTEM RESET default_transaction_read_only",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
+    wait_until(
+        PROMPTLY,
+        "delivered once the server is writable",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    assert!(env.fga.has("user:ro", "viewer", "document:1"));
+}
+
+/// With two servers in DATABASE_URL, the first read-only, the relay works on the writable one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_several_hosts_the_relay_picks_the_writable_one() {
+    let standby = crate::common::pg::TestDb::start();
+    let c = standby.connect().await;
+    c.batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    let env = Env::start().await;
+    let (Some(a), Some(b)) = (standby.socket_dir(), env.db.socket_dir()) else {
+        return; // needs clusters of our own (not TEST_DATABASE_URL)
+    };
+    let url = format!(
+        "host={},{} port=5432,5432 user=postgres dbname=postgres",
+        a.display(),
+        b.display()
+    );
+    let relay = env.spawn_relay(&[("DATABASE_URL", &url)]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:rw", "viewer", "document:1")]))
+        .await;
+    wait_until(PROMPTLY, "delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+}

@@ -1,0 +1,215 @@
+//! What an operator sees: `/healthz`, `/metrics` (scraped and parsed), the sweep metric that
+//! tells notifications are being lost, and the JSON log format.
+
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, RelayProc, tk, wait_until, writes};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Starts a relay with the endpoint on a free port; returns it and the endpoint's base URL.
+async fn relay_with_endpoint(env: &Env, extra: &[(&str, &str)]) -> (RelayProc, String) {
+    let mut vars = vec![("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0")];
+    vars.extend_from_slice(extra);
+    let relay = env.spawn_relay(&vars);
+    relay.wait_for_log("serving /healthz and /metrics").await;
+    let logs = relay.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("serving /healthz and /metrics"))
+        .unwrap();
+    let addr = line
+        .split("addr=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_owned();
+    (relay, format!("http://{addr}"))
+}
+
+async fn get(url: &str) -> (u16, String) {
+    match reqwest::get(url).await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+        Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
+/// Parses Prometheus text format into `name{labels}` → value.
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let (name, value) = line
+            .rsplit_once(' ')
+            .expect("a sample line is `name value`");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("not a number: {line}"));
+        out.insert(name.to_owned(), value);
+    }
+    out
+}
+
+async fn scrape(base: &str) -> HashMap<String, f64> {
+    let (status, text) = get(&format!("{base}/metrics")).await;
+    assert_eq!(status, 200, "{text}");
+    parse_metrics(&text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
+    let env = Env::start().await;
+    let (relay, base) = relay_with_endpoint(&env, &[]).await;
+    relay.wait_for_log("delivering (leader)").await;
+    assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
+
+    let m = scrape(&base).await;
+    for name in [
+        "fga_relay_rows_delivered_total",
+        "fga_relay_tuples_delivered_total",
+        "fga_relay_writes_total",
+        "fga_relay_rows_dead_lettered_total",
+        "fga_relay_pending_rows",
+        "fga_relay_oldest_pending_age_seconds",
+        "fga_relay_listen_connected",
+        "fga_relay_leader",
+        "fga_relay_listen_reconnects_total",
+        "fga_relay_sweep_found_rows_total",
+        "fga_relay_delivery_latency_seconds_count",
+        "fga_relay_openfga_request_duration_seconds_count",
+        "fga_relay_failed_attempts_total{class=\"transient\"}",
+        "fga_relay_failed_attempts_total{class=\"permanent\"}",
+        "fga_relay_failed_attempts_total{class=\"configuration\"}",
+    ] {
+        assert!(m.contains_key(name), "{name} missing from /metrics");
+    }
+    assert_eq!(m["fga_relay_listen_connected"], 1.0);
+    assert_eq!(m["fga_relay_leader"], 1.0);
+
+    env.insert(writes(&[
+        tk("user:a", "viewer", "document:1"),
+        tk("user:b", "viewer", "document:1"),
+    ]))
+    .await;
+    env.insert(serde_json::json!({"writes": 5})).await;
+    wait_until(PROMPTLY, "one row delivered and one dead", || async {
+        let m = scrape(&base).await;
+        m["fga_relay_rows_delivered_total"] == 1.0 && m["fga_relay_rows_dead_lettered_total"] == 1.0
+    })
+    .await;
+    let m = scrape(&base).await;
+    assert_eq!(m["fga_relay_tuples_delivered_total"], 2.0);
+    assert_eq!(m["fga_relay_delivery_latency_seconds_count"], 1.0);
+    assert!(m["fga_relay_notifications_total"] >= 1.0);
+    assert_eq!(m["fga_relay_sweep_found_rows_total"], 0.0);
+    assert_eq!(m["fga_relay_pending_rows"], 0.0);
+
+    // Pending rows and their age, while OpenFGA is away.
+    env.fga.set_refusing(true);
+    env.insert(writes(&[tk("user:c", "viewer", "document:1")]))
+        .await;
+    wait_until(PROMPTLY, "a transient failure is counted", || async {
+        scrape(&base).await["fga_relay_failed_attempts_total{class=\"transient\"}"] >= 1.0
+    })
+    .await;
+    let m = scrape(&base).await;
+    assert_eq!(m["fga_relay_pending_rows"], 1.0);
+    assert!(m["fga_relay_oldest_pending_age_seconds"] > 0.0);
+    env.fga.set_refusing(false);
+}
+
+/// /healthz is 503 while the LISTEN connection is down, 200 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_follows_the_listen_connection() {
+    let env = Env::start().await;
+    let (relay, base) = relay_with_endpoint(&env, &[]).await;
+    relay.wait_for_log("delivering (leader)").await;
+    assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
+    env.db.stop_immediately();
+    wait_until(PROMPTLY, "healthz says 503", || async {
+        get(&format!("{base}/healthz")).await.0 == 503
+    })
+    .await;
+    env.db.restart_after_stop();
+    wait_until(PROMPTLY, "healthz says 200 again", || async {
+        get(&format!("{base}/healthz")).await.0 == 200
+    })
+    .await;
+    let m = scrape(&base).await;
+    assert!(m["fga_relay_listen_reconnects_total"] >= 1.0);
+}
+
+/// With the trigger disabled, rows are found only by the sweep: the sweep metric and a warning
+/// say that notifications are being lost, and the startup check says the trigger is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_found_by_the_sweep_show_that_notifications_are_lost() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    client
+        .batch_execute("ALTER TABLE fga_outbox DISABLE TRIGGER fga_outbox_notify")
+        .await
+        .unwrap();
+    let (relay, base) = relay_with_endpoint(&env, &[("FGA_RELAY_SWEEP_INTERVAL", "1s")]).await;
+    relay.wait_for_log("delivering (leader)").await;
+    assert!(
+        relay
+            .logs()
+            .contains("wake-up trigger is missing or disabled"),
+        "{}",
+        relay.logs()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    wait_until(PROMPTLY, "the sweep delivers it", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    let m = scrape(&base).await;
+    assert_eq!(m["fga_relay_sweep_found_rows_total"], 1.0);
+    assert_eq!(m["fga_relay_notifications_total"], 0.0);
+    assert!(
+        relay.logs().contains("notifications are being lost"),
+        "{}",
+        relay.logs()
+    );
+}
+
+/// `--log-format json`: one JSON object a line, with the message and fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_a_line() {
+    let env = Env::start().await;
+    let relay = env.spawn_relay(&[("FGA_RELAY_LOG_FORMAT", "json")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let bad = env.insert(serde_json::json!({"deletes": "x"})).await;
+    wait_until(PROMPTLY, "the bad row is dead", || async {
+        env.row(bad).await.dead
+    })
+    .await;
+    relay.wait_for_log("row dead-lettered").await;
+    let mut saw_dead = false;
+    for line in relay.logs().lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+        if v["message"] == "row dead-lettered" {
+            assert_eq!(v["id"], bad);
+            assert!(
+                v["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("\"deletes\" must be an array")
+            );
+            saw_dead = true;
+        }
+    }
+    assert!(saw_dead);
+}

@@ -1,0 +1,959 @@
+//! Operating it safely, each part done for real: PostgreSQL over TLS (a cluster with `ssl=on` and
+//! a CA made here), OpenFGA over https (a TLS front before the stand-in), OIDC client
+//! credentials (a token issuer of the test's own), store names, and the least-privilege roles of
+//! `sql/roles.sql` (the relay and a writer logged in as those roles).
+
+use crate::common::fga::{FakeFga, STORE_NAME};
+use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
+use crate::common::relay::{Env, RelayProc, assert_success, tk, wait_until, writes};
+use crate::common::tls::{Background, HttpsFront, TempDir, TestCa, bind_local};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The first line of `logs` that contains `needle`.
+fn log_line<'a>(logs: &'a str, needle: &str) -> &'a str {
+    logs.lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{logs}"))
+}
+
+fn a_row(n: usize) -> Value {
+    writes(&[tk("user:anne", "viewer", &format!("document:{n}"))])
+}
+
+// ------------------------------------------------------------------------------------------------
+// PostgreSQL over TLS
+// ------------------------------------------------------------------------------------------------
+
+/// A cluster with TLS on, whose certificate (from a CA made here) names `db.test` only,
+/// listening on 127.0.0.1 where it accepts TLS connections and refuses the others; the role
+/// `certuser` must show a client certificate from the same CA. Its Unix socket stays open
+/// (trust) for the test's own look inside. The schema is migrated over verify-full TLS: `migrate`
+/// uses the same dedicated connection as the LISTEN session.
+struct TlsDb {
+    env: Env,
+    ca: TestCa,
+    files: TempDir,
+    ca_file: PathBuf,
+    port: u16,
+}
+
+impl TlsDb {
+    async fn start() -> TlsDb {
+        let ca = TestCa::new("fga-relay test CA");
+        let server = ca.server_cert(&["db.test"]);
+        let db = TestDb::start_with(PgOptions {
+            tcp: true,
+            settings: [
+                ("ssl", "on"),
+                ("ssl_cert_file", "server.crt"),
+                ("ssl_key_file", "server.key"),
+                ("ssl_ca_file", "ca.crt"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .to_vec(),
+            hba: [
+                "local all all trust",
+                "hostssl all certuser 127.0.0.1/32 cert",
+                "hostssl all all 127.0.0.1/32 trust",
+                "hostnossl all all 127.0.0.1/32 reject",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            files: vec![
+                ("server.crt".to_owned(), server.cert_pem.into_bytes()),
+                ("server.key".to_owned(), server.key_pem.into_bytes()),
+                ("ca.crt".to_owned(), ca.pem().as_bytes().to_vec()),
+            ],
+            ..PgOptions::default()
+        });
+        let port = db.tcp_port().expect("listens on TCP");
+        let files = TempDir::new();
+        let ca_file = files.file("ca.pem", ca.pem());
+        let t = TlsDb {
+            env: Env {
+                db,
+                fga: FakeFga::start(),
+            },
+            ca,
+            files,
+            ca_file,
+            port,
+        };
+        let out = t
+            .command(&["migrate"], &t.verify_full("db.test"))
+            .output()
+            .unwrap();
+        assert_success(&out, "fga-relay migrate over TLS");
+        t
+    }
+
+    /// A key=value `DATABASE_URL` reaching the server at 127.0.0.1 under the name `host` (which
+    /// is what the certificate is checked against).
+    fn url(&self, host: &str, tls: &str) -> String {
+        format!(
+            "host={host} hostaddr=127.0.0.1 port={} user=postgres dbname=postgres {tls}",
+            self.port
+        )
+    }
+
+    fn verify_full(&self, host: &str) -> String {
+        self.url(
+            host,
+            &format!("sslmode=verify-full sslrootcert={}", self.ca_file.display()),
+        )
+    }
+
+    fn command(&self, args: &[&str], url: &str) -> std::process::Command {
+        let mut c = self.env.command(args);
+        c.env("DATABASE_URL", url);
+        c
+    }
+
+    /// `fga-relay drain` with this `DATABASE_URL`, and these variables.
+    fn drain(&self, url: &str, vars: &[(&str, &str)]) -> Output {
+        self.command(&["drain", "--timeout", "20s"], url)
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap()
+    }
+
+    /// Inserts a row, drains it with `url` (and `vars`), and checks it was delivered.
+    async fn delivers_with(&self, url: &str, vars: &[(&str, &str)], n: usize) {
+        let id = self.env.insert(a_row(n)).await;
+        assert_success(
+            &self.drain(url, vars),
+            &format!("drain with {url} {vars:?}"),
+        );
+        assert!(self.env.row(id).await.delivered, "{url} {vars:?}");
+    }
+
+    /// Given roots from another CA, `sslmode` refuses the server's certificate, saying why.
+    fn refuses_another_ca(&self, sslmode: &str) {
+        let other_ca = self
+            .files
+            .file("other-ca.pem", TestCa::new("another CA").pem());
+        let err = self.cannot_connect(&self.url(
+            "db.test",
+            &format!("sslmode={sslmode} sslrootcert={}", other_ca.display()),
+        ));
+        assert!(
+            err.contains("invalid peer certificate: UnknownIssuer"),
+            "{err}"
+        );
+    }
+
+    /// `drain` with `url` fails to connect; returns what it said.
+    fn cannot_connect(&self, url: &str) -> String {
+        let out = self.drain(url, &[]);
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{url}: {err}");
+        assert!(err.contains("cannot connect to PostgreSQL"), "{url}: {err}");
+
+        err
+    }
+}
+
+/// verify-full: the relay's every session (pool and LISTEN) runs over TLS, delivers, and wakes
+/// on notifications; the URL form of `DATABASE_URL` works the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_verify_full_delivers_over_tls() {
+    let t = TlsDb::start().await;
+    let url = t.verify_full("db.test");
+    let mut relay = t.env.spawn_relay(&[("DATABASE_URL", &url)]);
+    relay.wait_for_log("delivering (leader)").await;
+    relay.wait_for_log("listening").await;
+    let id = t.env.insert(a_row(1)).await;
+    wait_until(PROMPTLY, "the row is delivered", || async {
+        t.env.row(id).await.delivered
+    })
+    .await;
+
+    let client = t.env.db.connect().await;
+    let sessions: Vec<(String, bool, String)> = client
+        .query(
+            "SELECT a.application_name, s.ssl, coalesce(s.version, '') \
+             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name LIKE 'fga-relay%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert!(
+        sessions.iter().any(|s| s.0 == "fga-relay run listener")
+            && sessions.iter().any(|s| s.0 == "fga-relay run"),
+        "{sessions:?}"
+    );
+    assert!(
+        sessions
+            .iter()
+            .all(|(_, ssl, v)| *ssl && v.starts_with("TLS")),
+        "every session of the relay uses TLS: {sessions:?}"
+    );
+    relay.term();
+    assert!(relay.wait_exit(PROMPTLY).await.success());
+
+    let url = format!(
+        "postgres://postgres@db.test:{}/postgres?hostaddr=127.0.0.1&sslmode=verify-full\
+         &sslrootcert={}&application_name=fga-relay%20drain",
+        t.port,
+        t.ca_file.display()
+    );
+    t.delivers_with(&url, &[], 2).await;
+}
+
+/// require (and the default, prefer) encrypt without verifying, as libpq: the certificate's CA
+/// is unknown to the relay and its name is not the host's, yet it delivers, through a server
+/// that refuses unencrypted connections. With roots given, require verifies the chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_require_and_prefer_encrypt_without_verifying() {
+    let t = TlsDb::start().await;
+    let require = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=require",
+        t.port
+    );
+    t.delivers_with(&require, &[], 1).await;
+    let prefer = format!("postgres://postgres@127.0.0.1:{}/postgres", t.port);
+    t.delivers_with(&prefer, &[], 2).await;
+
+    t.refuses_another_ca("require");
+}
+
+/// verify-full refuses a certificate that names another host, and one from another CA, and
+/// says why; verify-ca checks the chain only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_verify_full_refuses_the_wrong_certificate() {
+    let t = TlsDb::start().await;
+    let err = t.cannot_connect(&t.verify_full("other.test"));
+    assert!(
+        err.contains("invalid peer certificate: certificate not valid for name \"other.test\""),
+        "{err}"
+    );
+    assert!(err.contains("db.test"), "{err}");
+
+    t.refuses_another_ca("verify-full");
+    t.refuses_another_ca("verify-ca");
+
+    let verify_ca = t.url(
+        "other.test",
+        &format!("sslmode=verify-ca sslrootcert={}", t.ca_file.display()),
+    );
+    t.delivers_with(&verify_ca, &[], 1).await;
+}
+
+/// Roots without a file named in `DATABASE_URL`: `sslrootcert=system` (here the test's CA,
+/// through `SSL_CERT_FILE`, which the system store honours) makes verify-full the default and
+/// refuses a weaker mode; verify-full without `sslrootcert` uses the system's roots too, and
+/// verify-ca refuses to; libpq's `~/.postgresql/root.crt` is used when it exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_roots_from_the_system_and_home() {
+    let t = TlsDb::start().await;
+    let ca = t.ca_file.display().to_string();
+    let other_ca = t
+        .files
+        .file("other-ca.pem", TestCa::new("another CA").pem());
+    let url = |tls: &str| t.url("db.test", tls);
+    t.delivers_with(&url("sslrootcert=system"), &[("SSL_CERT_FILE", &ca)], 1)
+        .await;
+    t.delivers_with(&url("sslmode=verify-full"), &[("SSL_CERT_FILE", &ca)], 2)
+        .await;
+    let out = t.drain(
+        &url("sslmode=verify-full"),
+        &[("SSL_CERT_FILE", &other_ca.display().to_string())],
+    );
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("invalid peer certificate: UnknownIssuer"),
+        "{err}"
+    );
+
+    let home_dir = TempDir::new();
+    let root_crt = home_dir.path().join(".postgresql/root.crt");
+    std::fs::create_dir(root_crt.parent().unwrap()).unwrap();
+    std::fs::copy(&t.ca_file, &root_crt).unwrap();
+    let home = home_dir.path().display().to_string();
+    t.delivers_with(&url("sslmode=verify-full"), &[("HOME", &home)], 3)
+        .await;
+    t.delivers_with(&url("sslmode=verify-ca"), &[("HOME", &home)], 4)
+        .await;
+    // With a root.crt, require verifies the chain too.
+    std::fs::copy(&other_ca, &root_crt).unwrap();
+    let err = stderr_of(&t.drain(&url("sslmode=require"), &[("HOME", &home)]));
+    assert!(
+        err.contains("invalid peer certificate: UnknownIssuer"),
+        "{err}"
+    );
+
+    for (tls, says) in [
+        (
+            "sslmode=require sslrootcert=system",
+            "weak sslmode \"require\" may not be used with sslrootcert=system",
+        ),
+        (
+            "sslmode=verify-ca",
+            "sslmode=verify-ca needs root certificates",
+        ),
+    ] {
+        let out = t.drain(&url(tls), &[]);
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{tls}: {err}");
+        assert!(
+            err.contains("DATABASE_URL") && err.contains(says),
+            "{tls}: {err}"
+        );
+    }
+}
+
+/// `sslcert` and `sslkey`: a role the server lets in only with a client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_client_certificates() {
+    let t = TlsDb::start().await;
+    let owner = t.env.db.connect().await;
+    owner
+        .batch_execute("CREATE ROLE certuser LOGIN SUPERUSER")
+        .await
+        .unwrap();
+    let client = t.ca.client_cert("certuser");
+    let cert = t.files.file("client.crt", &client.cert_pem);
+    let key = t.files.file("client.key", &client.key_pem);
+    let as_certuser = |tls: &str| {
+        t.verify_full("db.test")
+            .replace("user=postgres", "user=certuser")
+            + " "
+            + tls
+    };
+    let err = t.cannot_connect(&as_certuser(""));
+    assert!(
+        err.contains("connection requires a valid client certificate"),
+        "{err}"
+    );
+    let with_cert = as_certuser(&format!(
+        "sslcert={} sslkey={}",
+        cert.display(),
+        key.display()
+    ));
+    t.delivers_with(&with_cert, &[], 1).await;
+}
+
+/// sslmode=disable reaches the server, which refuses an unencrypted connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refuses_sslmode_disable() {
+    let t = TlsDb::start().await;
+    let err = t.cannot_connect(&t.url("db.test", "sslmode=disable"));
+    assert!(
+        err.contains("pg_hba.conf rejects connection") && err.contains("no encryption"),
+        "{err}"
+    );
+}
+
+// ------------------------------------------------------------------------------------------------
+// OpenFGA over https
+// ------------------------------------------------------------------------------------------------
+
+/// A stand-in behind an https front whose certificate comes from a CA of the test's own.
+struct HttpsFga {
+    env: Env,
+    front: HttpsFront,
+    ca_file: PathBuf,
+    _files: TempDir,
+}
+
+impl HttpsFga {
+    async fn start() -> HttpsFga {
+        let env = Env::start().await;
+        let ca = TestCa::new("fga-relay test CA");
+        let front = HttpsFront::start(&ca.server_cert(&["127.0.0.1"]), env.fga.addr());
+        let files = TempDir::new();
+        let ca_file = files.file("ca.pem", ca.pem());
+        HttpsFga {
+            env,
+            front,
+            ca_file,
+            _files: files,
+        }
+    }
+}
+
+/// With `--ca-file`, the relay checks the store and delivers over https.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openfga_over_https_with_the_ca_file() {
+    let h = HttpsFga::start().await;
+    let ca = h.ca_file.display().to_string();
+    let relay = h
+        .env
+        .spawn_relay(&[("FGA_API_URL", &h.front.url()), ("FGA_CA_FILE", &ca)]);
+    relay.wait_for_log("OpenFGA store found").await;
+    relay.wait_for_log("delivering (leader)").await;
+    let id = h.env.insert(a_row(1)).await;
+    wait_until(PROMPTLY, "the row is delivered over https", || async {
+        h.env.row(id).await.delivered
+    })
+    .await;
+    assert!(h.env.fga.has("user:anne", "viewer", "document:1"));
+    assert_eq!(h.front.failed_handshakes(), 0);
+}
+
+/// Without it (the CA is in no system's roots) the relay cannot: it says it is a certificate
+/// error, keeps retrying, and dead-letters nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openfga_over_https_without_the_ca_is_a_certificate_error() {
+    let h = HttpsFga::start().await;
+    let relay = h.env.spawn_relay(&[("FGA_API_URL", &h.front.url())]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = h.env.insert(a_row(1)).await;
+    relay.wait_for_log_count("write failed", 2).await;
+    let logs = relay.logs();
+    let start = log_line(&logs, "cannot check the OpenFGA store now");
+    assert!(
+        start.contains("invalid peer certificate: UnknownIssuer"),
+        "{start}"
+    );
+    let failures: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("write failed"))
+        .collect();
+    assert!(
+        failures
+            .iter()
+            .all(|l| l.contains("invalid peer certificate: UnknownIssuer")),
+        "{failures:#?}"
+    );
+    let row = h.env.row(id).await;
+    assert!(!row.delivered && !row.dead, "{row:?}");
+    assert!(row.attempts >= 2, "{row:?}");
+    assert_eq!(h.env.dead().await, 0);
+    assert_eq!(h.env.fga.write_count(), 0);
+    assert!(h.front.failed_handshakes() >= 2);
+}
+
+// ------------------------------------------------------------------------------------------------
+// OIDC client credentials
+// ------------------------------------------------------------------------------------------------
+
+const CLIENT_ID: &str = "fga-relay-test";
+const CLIENT_SECRET: &str = "s3cret-client-secret";
+const AUDIENCE: &str = "https://fga.example/";
+
+#[derive(Default)]
+struct IssuerState {
+    /// The lifetime of the tokens it hands out, in seconds.
+    expires_in: u64,
+    /// Token requests received, good or bad.
+    requests: usize,
+    /// Tokens handed out and still valid, with when they expire.
+    valid: HashMap<String, Instant>,
+    issued: usize,
+    /// Requests the OpenFGA stand-in refused (expired or revoked token).
+    refused: usize,
+}
+
+/// A token issuer of the test's own: `POST /oauth/token`, form-encoded, client credentials.
+struct TokenIssuer {
+    url: String,
+    state: Arc<Mutex<IssuerState>>,
+    _server: Background,
+}
+
+impl TokenIssuer {
+    fn start(expires_in: u64) -> TokenIssuer {
+        let state = Arc::new(Mutex::new(IssuerState {
+            expires_in,
+            ..IssuerState::default()
+        }));
+        let app = axum::Router::new()
+            .route("/oauth/token", axum::routing::post(issue))
+            .with_state(state.clone());
+        let (listener, addr) = bind_local();
+        let server = Background::spawn("token-issuer", move || async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let _ = axum::serve(listener, app).await;
+        });
+        TokenIssuer {
+            url: format!("http://{addr}"),
+            state,
+            _server: server,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, IssuerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn requests(&self) -> usize {
+        self.state().requests
+    }
+
+    fn refused(&self) -> usize {
+        self.state().refused
+    }
+
+    /// Rotates: every token handed out so far stops being valid.
+    fn revoke_all(&self) {
+        self.state().valid.clear();
+    }
+
+    /// The stand-in, accepting exactly the tokens this issuer says are valid now.
+    fn fga(&self) -> FakeFga {
+        let state = self.state.clone();
+        FakeFga::builder()
+            .accept_bearer(move |token| {
+                let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                let ok = s.valid.get(token).is_some_and(|exp| Instant::now() < *exp);
+                if !ok {
+                    s.refused += 1;
+                }
+                ok
+            })
+            .start()
+    }
+
+    /// The relay's settings for this issuer.
+    fn vars(&self, secret: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("FGA_CLIENT_ID", CLIENT_ID.to_owned()),
+            ("FGA_CLIENT_SECRET", secret.to_owned()),
+            ("FGA_API_TOKEN_ISSUER", self.url.clone()),
+            ("FGA_API_AUDIENCE", AUDIENCE.to_owned()),
+        ]
+    }
+}
+
+/// `POST /oauth/token` as an OAuth2 server answers the client-credentials grant (RFC 6749 §4.4).
+async fn issue(
+    axum::extract::State(state): axum::extract::State<Arc<Mutex<IssuerState>>>,
+    axum::Form(form): axum::Form<HashMap<String, String>>,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    use axum::http::StatusCode;
+    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    s.requests += 1;
+    let field = |k: &str| form.get(k).map(String::as_str);
+    if field("grant_type") != Some("client_credentials") {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": "unsupported_grant_type"})),
+        );
+    }
+    if field("client_id") != Some(CLIENT_ID) || field("client_secret") != Some(CLIENT_SECRET) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"error": "invalid_client"})),
+        );
+    }
+    if field("audience") != Some(AUDIENCE) {
+        return (
+            StatusCode::FORBIDDEN,
+            axum::Json(json!({"error": "access_denied"})),
+        );
+    }
+    s.issued += 1;
+    let token = format!("token-{}", s.issued);
+    let expires_in = s.expires_in;
+    s.valid.insert(
+        token.clone(),
+        Instant::now() + Duration::from_secs(expires_in),
+    );
+    (
+        StatusCode::OK,
+        axum::Json(
+            json!({"access_token": token, "token_type": "Bearer", "expires_in": expires_in}),
+        ),
+    )
+}
+
+async fn oidc_env(issuer: &TokenIssuer) -> Env {
+    Env::with_fga(issuer.fga()).await
+}
+
+fn spawn_with(env: &Env, vars: &[(&'static str, String)]) -> RelayProc {
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.spawn_relay(&vars)
+}
+
+/// Inserts `n` rows, one at a time, each delivered before the next, `gap` apart.
+async fn deliver_one_by_one(env: &Env, n: usize, gap: Duration) {
+    for i in 0..n {
+        let id = env.insert(a_row(i)).await;
+        wait_until(PROMPTLY, "the row is delivered", || async {
+            env.row(id).await.delivered
+        })
+        .await;
+        tokio::time::sleep(gap).await;
+    }
+}
+
+/// The token is fetched once and sent with every request: ListStores (the store is given by
+/// name), GetStore and every Write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_token_is_fetched_once_and_sent() {
+    let issuer = TokenIssuer::start(3600);
+    let env = oidc_env(&issuer).await;
+    let mut vars = issuer.vars(CLIENT_SECRET);
+    vars.push(("FGA_STORE_ID", String::new()));
+    vars.push(("FGA_STORE_NAME", STORE_NAME.to_owned()));
+    let relay = spawn_with(&env, &vars);
+    relay.wait_for_log("OpenFGA store found").await;
+    relay.wait_for_log("delivering (leader)").await;
+    deliver_one_by_one(&env, 5, Duration::ZERO).await;
+    assert_eq!(issuer.requests(), 1, "one token for everything");
+    assert_eq!(issuer.refused(), 0);
+    let writes = env.fga.writes();
+    assert_eq!(writes.len(), 5);
+    assert!(
+        writes
+            .iter()
+            .all(|w| w.authorization.as_deref() == Some("Bearer token-1") && w.status == 200),
+        "{:?}",
+        writes
+            .iter()
+            .map(|w| (&w.authorization, w.status))
+            .collect::<Vec<_>>()
+    );
+    assert!(!relay.logs().contains(CLIENT_SECRET));
+}
+
+/// A token that lives 2 s is replaced at half its life: across 5 s of writes OpenFGA never sees
+/// an expired token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_token_is_refreshed_before_it_expires() {
+    let issuer = TokenIssuer::start(2);
+    let env = oidc_env(&issuer).await;
+    let relay = spawn_with(&env, &issuer.vars(CLIENT_SECRET));
+    relay.wait_for_log("delivering (leader)").await;
+    deliver_one_by_one(&env, 10, Duration::from_millis(500)).await;
+    assert!(
+        issuer.requests() >= 3,
+        "{} token requests",
+        issuer.requests()
+    );
+    assert_eq!(issuer.refused(), 0, "a request carried an expired token");
+    let tokens: std::collections::BTreeSet<_> = env
+        .fga
+        .writes()
+        .into_iter()
+        .filter_map(|w| w.authorization)
+        .collect();
+    assert!(tokens.len() >= 3, "{tokens:?}");
+}
+
+/// The issuer rotates (OpenFGA now refuses the old token with 401): the relay fetches a new
+/// token, sends the Write again, and delivers; nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_token_refused_with_401_is_fetched_anew() {
+    let issuer = TokenIssuer::start(3600);
+    let env = oidc_env(&issuer).await;
+    let relay = spawn_with(&env, &issuer.vars(CLIENT_SECRET));
+    relay.wait_for_log("delivering (leader)").await;
+    deliver_one_by_one(&env, 1, Duration::ZERO).await;
+    issuer.revoke_all();
+    deliver_one_by_one(&env, 1, Duration::ZERO).await;
+    assert_eq!(issuer.requests(), 2);
+    assert_eq!(issuer.refused(), 1);
+    let answers: Vec<(Option<String>, u16)> = env
+        .fga
+        .writes()
+        .into_iter()
+        .map(|w| (w.authorization, w.status))
+        .collect();
+    let bearer = |t: &str| Some(format!("Bearer {t}"));
+    assert_eq!(
+        answers,
+        vec![
+            (bearer("token-1"), 200),
+            (bearer("token-1"), 401),
+            (bearer("token-2"), 200)
+        ]
+    );
+    assert_eq!(env.dead().await, 0);
+}
+
+/// A wrong client secret: the issuer refuses it, the relay logs it as a configuration error
+/// (naming the settings to check, never the secret), retries, and dead-letters nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_wrong_client_secret_is_loud_and_dead_letters_nothing() {
+    let issuer = TokenIssuer::start(3600);
+    let env = oidc_env(&issuer).await;
+    let relay = spawn_with(&env, &issuer.vars("not-the-secret"));
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env.insert(a_row(1)).await;
+    relay
+        .wait_for_log_count("OpenFGA refused the relay's writes", 2)
+        .await;
+    let logs = relay.logs();
+    let line = log_line(&logs, "OpenFGA refused the relay's writes");
+    assert!(
+        line.contains("ERROR")
+            && line.contains("class=\"configuration\"")
+            && line.contains("answered 401 Unauthorized")
+            && line.contains("invalid_client")
+            && line.contains("FGA_CLIENT_SECRET"),
+        "{line}"
+    );
+    assert!(!logs.contains("not-the-secret"), "{logs}");
+    let row = env.row(id).await;
+    assert!(!row.delivered && !row.dead && row.attempts >= 2, "{row:?}");
+    assert_eq!(env.dead().await, 0);
+    assert_eq!(env.fga.write_count(), 0, "no Write without a token");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Store names
+// ------------------------------------------------------------------------------------------------
+
+/// `FGA_STORE_NAME` resolves through ListStores; an unknown name is bad configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_names_resolve_and_an_unknown_one_exits_2() {
+    let env = Env::start().await;
+    let id = env.insert(a_row(1)).await;
+    let out = env
+        .command(&["drain", "--timeout", "20s"])
+        .env_remove("FGA_STORE_ID")
+        .env("FGA_STORE_NAME", STORE_NAME)
+        .output()
+        .unwrap();
+    assert_success(&out, "drain with FGA_STORE_NAME");
+    assert!(env.row(id).await.delivered);
+
+    let out = env
+        .command(&["run"])
+        .env_remove("FGA_STORE_ID")
+        .env("FGA_STORE_NAME", "no-such-store")
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        "fga-relay: --store-name (FGA_STORE_NAME): no OpenFGA store is named \"no-such-store\""
+    );
+}
+
+// ------------------------------------------------------------------------------------------------
+// Least-privilege roles
+// ------------------------------------------------------------------------------------------------
+
+const ROLES_SQL: &str = include_str!("../../sql/roles.sql");
+/// `insufficient_privilege`
+const DENIED: &str = "42501";
+/// The wake lock's first key (sql/schema/0002_wakeup.sql).
+const WAKE_LOCK_CLASS: i32 = 1_718_051_121;
+
+/// A cluster of our own (roles belong to the cluster), migrated by its owner, with
+/// `sql/roles.sql` applied (twice: it is idempotent) and a login in each group: `app` writes,
+/// `relay` relays.
+async fn roles_env() -> Env {
+    let env = Env {
+        db: TestDb::start_with(PgOptions::default()),
+        fga: FakeFga::start(),
+    };
+    assert_success(
+        &env.command(&["migrate"]).output().unwrap(),
+        "fga-relay migrate",
+    );
+    let owner = env.db.connect().await;
+    owner.batch_execute(ROLES_SQL).await.unwrap();
+    owner.batch_execute(ROLES_SQL).await.unwrap();
+    owner
+        .batch_execute(
+            "CREATE ROLE app LOGIN IN ROLE fga_outbox_writer; \
+             CREATE ROLE relay LOGIN IN ROLE fga_outbox_relay;",
+        )
+        .await
+        .unwrap();
+    env
+}
+
+fn url_as(env: &Env, user: &str) -> String {
+    env.db
+        .url()
+        .replace("user=postgres", &format!("user={user}"))
+}
+
+async fn connect_as(env: &Env, user: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&url_as(env, user), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Runs each statement and checks PostgreSQL refused it for want of privilege.
+async fn all_denied(client: &tokio_postgres::Client, who: &str, statements: &[&str]) {
+    for sql in statements {
+        let e = client
+            .batch_execute(sql)
+            .await
+            .expect_err(&format!("{who} may not: {sql}"));
+        let code = e.as_db_error().map(|d| d.code().code().to_owned());
+        assert_eq!(code.as_deref(), Some(DENIED), "{who}: {sql}: {e:?}");
+    }
+}
+
+/// The writer inserts, and its trigger notifies a waiting relay; it can read, change or remove
+/// nothing, nor forge a row's delivery columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_role_inserts_and_nothing_more() {
+    let env = roles_env().await;
+    // Stand in for a waiting relay: listen, and hold the wake lock, so the trigger must NOTIFY.
+    let (waiter, mut conn) = tokio_postgres::connect(env.db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut notifications) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.channel().to_owned());
+            }
+        }
+    });
+    waiter
+        .batch_execute(&format!(
+            "LISTEN fga_outbox; \
+             SELECT pg_advisory_lock({WAKE_LOCK_CLASS}, 'fga_outbox'::regclass::oid::integer)"
+        ))
+        .await
+        .unwrap();
+
+    let app = connect_as(&env, "app").await;
+    app.execute("INSERT INTO fga_outbox (payload) VALUES ($1)", &[&a_row(1)])
+        .await
+        .expect("the writer inserts");
+    let channel = tokio::time::timeout(PROMPTLY, notifications.recv())
+        .await
+        .expect("the trigger notified the waiting relay");
+    assert_eq!(channel.as_deref(), Some("fga_outbox"));
+
+    all_denied(
+        &app,
+        "the writer",
+        &[
+            "SELECT payload FROM fga_outbox",
+            "SELECT count(*) FROM fga_outbox",
+            "INSERT INTO fga_outbox (payload) VALUES ('{}') RETURNING id",
+            "INSERT INTO fga_outbox (payload, processed_at) VALUES ('{}', now())",
+            "INSERT INTO fga_outbox (id, payload) VALUES (1000, '{}')",
+            "UPDATE fga_outbox SET failed_at = now()",
+            "DELETE FROM fga_outbox",
+            "TRUNCATE fga_outbox",
+            "ALTER TABLE fga_outbox DISABLE TRIGGER fga_outbox_notify",
+            "SELECT * FROM fga_outbox_leader",
+            "DELETE FROM fga_outbox_leader",
+        ],
+    )
+    .await;
+}
+
+/// The relay's login runs the real `run`, `drain`, `status` and `retry`, and delivers; it
+/// cannot delete (so `prune` fails), change a payload, or alter the schema (so `migrate` fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_role_delivers_and_cannot_delete_or_alter() {
+    let env = roles_env().await;
+    let relay_url = url_as(&env, "relay");
+    let as_relay = |args: &[&str]| {
+        let mut c = env.command(args);
+        c.env("DATABASE_URL", &relay_url);
+        c.output().unwrap()
+    };
+    let app = connect_as(&env, "app").await;
+    let insert = |payload: Value| {
+        let app = &app;
+        async move {
+            app.execute("INSERT INTO fga_outbox (payload) VALUES ($1)", &[&payload])
+                .await
+                .unwrap();
+        }
+    };
+
+    let mut relay = env.spawn_relay(&[("DATABASE_URL", &relay_url)]);
+    relay.wait_for_log("delivering (leader)").await;
+    for n in 1..=3 {
+        insert(a_row(n)).await;
+    }
+    insert(json!({"writes": [{"user": "user:anne"}]})).await;
+    wait_until(PROMPTLY, "three delivered, one dead", || async {
+        env.pending().await == 0 && env.dead().await == 1
+    })
+    .await;
+    assert!((1..=3).all(|n| env.fga.has("user:anne", "viewer", &format!("document:{n}"))));
+    relay.term();
+    assert!(relay.wait_exit(PROMPTLY).await.success());
+
+    let out = as_relay(&["status", "--json"]);
+    assert_success(&out, "status as the relay");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (status["delivered"].as_i64(), status["dead"].as_i64()),
+        (Some(3), Some(1))
+    );
+    let out = as_relay(&["retry", "--dead"]);
+    assert_success(&out, "retry as the relay");
+    assert_eq!(env.dead().await, 0);
+    insert(a_row(4)).await;
+    let out = as_relay(&["drain", "--timeout", "20s"]);
+    assert_success(&out, "drain as the relay");
+    assert!(env.fga.has("user:anne", "viewer", "document:4"));
+
+    let out = as_relay(&["prune", "--older-than", "0s"]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("permission denied for table fga_outbox"),
+        "{err}"
+    );
+    let out = as_relay(&["migrate"]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("migrate failed") && err.contains(&format!("({DENIED})")),
+        "{err}"
+    );
+
+    let relay = connect_as(&env, "relay").await;
+    all_denied(
+        &relay,
+        "the relay",
+        &[
+            "DELETE FROM fga_outbox",
+            "TRUNCATE fga_outbox",
+            "UPDATE fga_outbox SET payload = '{}'",
+            "INSERT INTO fga_outbox (payload) VALUES ('{}')",
+            "ALTER TABLE fga_outbox ADD COLUMN x integer",
+            "DROP TABLE fga_outbox_leader",
+            "DELETE FROM fga_outbox_leader",
+        ],
+    )
+    .await;
+}
+
+/// `fga-relay sql --roles` prints `sql/roles.sql`, for the configured table.
+#[test]
+fn roles_sql_is_printed_for_the_table() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(crate::common::relay::BIN)
+            .args(args)
+            .env_remove("FGA_OUTBOX_TABLE")
+            .output()
+            .unwrap();
+        assert_success(&out, "fga-relay sql --roles");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(run(&["sql", "--roles"]), ROLES_SQL);
+    let renamed = run(&["sql", "--roles", "--table", "acl_outbox"]);
+    assert!(!renamed.contains("fga_outbox"), "{renamed}");
+    assert!(
+        renamed.contains("CREATE ROLE acl_outbox_writer NOLOGIN")
+            && renamed.contains("GRANT INSERT (payload) ON acl_outbox TO acl_outbox_writer")
+            && renamed.contains("ON acl_outbox_leader TO acl_outbox_relay"),
+        "{renamed}"
+    );
+}
