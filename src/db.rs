@@ -7,7 +7,6 @@ pub mod tls;
 
 use crate::config::{ConfigError, DbSettings};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::tls::MakeTlsConnect;
@@ -17,22 +16,27 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 /// The TLS stream of a PostgreSQL connection.
 pub type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 
-/// The TLS settings of this process's `DATABASE_URL`, left here by [`pg_config`] for [`pool`]
-/// and [`connect_dedicated`]: a `tokio_postgres::Config` (all the relay's loops hold) cannot
-/// carry root certificates. A process serves one database.
-static TLS: Mutex<Option<tls::PgTls>> = Mutex::new(None);
+/// Where and how to connect: tokio-postgres' settings, and the TLS connector that `sslmode`,
+/// `sslrootcert` and friends in `DATABASE_URL` call for (a `tokio_postgres::Config` cannot carry
+/// root certificates, so the two travel together).
+#[derive(Clone)]
+pub struct PgConnect {
+    pub config: Config,
+    tls: MakeRustlsConnect,
+}
 
-/// The connector for new connections: [`pg_config`]'s, or libpq's default (`prefer`, not
-/// verified) if it never ran.
-fn connector() -> MakeRustlsConnect {
-    let current = TLS.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    match current {
-        Some(t) => t.connector,
-        None => {
-            tls::configure(&tls::TlsParams::default(), false)
-                .expect("the default TLS settings are valid")
-                .connector
-        }
+impl PgConnect {
+    /// The same, under another `application_name` (so operators can tell connections apart in
+    /// `pg_stat_activity`).
+    pub fn named(&self, application_name: &str) -> PgConnect {
+        let mut c = self.clone();
+        c.config.application_name(application_name);
+        c
+    }
+
+    /// The `application_name` connections carry.
+    pub fn application_name(&self) -> &str {
+        self.config.get_application_name().unwrap_or("fga-relay")
     }
 }
 
@@ -50,7 +54,7 @@ const SESSION_SETUP: &str = "SET synchronous_commit = off; \
 
 /// Parses `DATABASE_URL` into a connection config with the relay's defaults: a writable server
 /// (after a failover, a standby is skipped), a connect timeout, and client-side keepalives.
-pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<Config, ConfigError> {
+pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<PgConnect, ConfigError> {
     let (url, tls_params) = tls::split(settings.url.expose().trim());
     let url = url.as_str();
     let mut cfg: Config = url.parse().map_err(|e| {
@@ -68,7 +72,6 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<Config
     let unix_only = cfg.get_hosts().iter().all(|h| !matches!(h, Host::Tcp(_)));
     let pg_tls = tls::configure(&tls_params, unix_only)?;
     cfg.ssl_mode(pg_tls.mode);
-    *TLS.lock().unwrap_or_else(PoisonError::into_inner) = Some(pg_tls);
     if cfg.get_application_name().is_none() {
         cfg.application_name(application_name);
     }
@@ -84,14 +87,17 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<Config
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3);
-    Ok(cfg)
+    Ok(PgConnect {
+        config: cfg,
+        tls: pg_tls.connector,
+    })
 }
 
 /// The pool for short statements: claims, marks and the commands.
-pub fn pool(cfg: Config, size: usize) -> Pool {
+pub fn pool(pg: PgConnect, size: usize) -> Pool {
     let manager = Manager::from_config(
-        cfg,
-        connector(),
+        pg.config,
+        pg.tls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -115,9 +121,9 @@ pub fn pool(cfg: Config, size: usize) -> Pool {
 
 /// A dedicated connection. The caller drives `connection` itself (to read notifications).
 pub async fn connect_dedicated(
-    cfg: &Config,
+    pg: &PgConnect,
 ) -> Result<(Client, tokio_postgres::Connection<Socket, TlsStream>), tokio_postgres::Error> {
-    cfg.connect(connector()).await
+    pg.config.connect(pg.tls.clone()).await
 }
 
 /// Runs the relay's session settings on a dedicated connection.

@@ -7,7 +7,8 @@
 //!   `retry`, `prune`).
 //! - [`schema`]: the SQL of `sql/schema/`, embedded, and `migrate`.
 //! - [`store`]: every statement against the outbox, from `sql/queries/`.
-//! - [`db`]: connections: the pool, and the dedicated connection's settings.
+//! - [`db`]: connections: the pool, the dedicated connection's settings, and TLS as libpq
+//!   understands `sslmode` (`db::tls`).
 //! - [`payload`]: what a row's payload must be, and why it is not.
 //! - [`openfga`]: the HTTP client and what each OpenFGA answer means.
 //! - [`delivery`]: one pass over the pending rows: batching, the per-tuple order rule, retries,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, Client, Config};
+use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -47,7 +47,7 @@ pub struct SessionOptions<'a> {
 impl Session {
     /// Connects, starts the driver and the heartbeat, and LISTENs.
     pub async fn connect(
-        cfg: &Config,
+        cfg: &crate::db::PgConnect,
         oid: i32,
         opts: SessionOptions<'_>,
     ) -> Result<Session, tokio_postgres::Error> {

@@ -691,67 +691,22 @@ impl FgaClient {
 
     /// Sends one Write carrying `ops`.
     pub async fn write(&self, ops: &[&Op]) -> Result<(), WriteError> {
-        let store_id = match self.store_id().await {
-            Ok(id) => id,
-            Err(PreflightError::Config(e)) => {
-                return Err(WriteError::Configuration {
-                    status: 0,
-                    code: "store_not_found".into(),
-                    message: e.to_string(),
-                });
-            }
-            Err(PreflightError::Unavailable(e)) => {
-                return Err(WriteError::Transient {
-                    reason: e,
-                    retry_after: None,
-                });
-            }
-        };
+        let store_id = self.request_store_id().await?;
         let url = self.url(&format!("/stores/{store_id}/write"));
-        let body = bytes::Bytes::from(write_body(ops, self.model_id.as_deref()));
-        let resp = self
-            .send(|| {
-                self.http
-                    .post(url.clone())
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body.clone())
-            })
-            .await;
-        let resp = match resp {
-            Ok(r) => r,
-            Err(SendError::Token(e)) => return Err(e.into_write_error()),
-            Err(SendError::Http(e)) => {
-                return Err(WriteError::Transient {
-                    reason: describe_http_error(&e),
-                    retry_after: None,
-                });
-            }
-        };
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
-        let body = resp.bytes().await.map_err(|e| WriteError::Transient {
-            reason: format!(
-                "reading OpenFGA's answer failed: {}",
-                describe_http_error(&e)
-            ),
-            retry_after: None,
-        })?;
+        let body = write_body(ops, self.model_id.as_deref());
+        let (status, retry_after, answer) = self.post_json(url, body).await?;
         if (200..300).contains(&status) {
             // OpenFGA answers `{}`. Anything that is not a JSON object came from something else
             // (a proxy's page): the write cannot be taken as done.
-            return match serde_json::from_slice::<Value>(&body) {
+            return match serde_json::from_slice::<Value>(&answer) {
                 Ok(Value::Object(_)) => Ok(()),
                 _ => Err(WriteError::Unexpected {
                     status,
-                    excerpt: excerpt(&body),
+                    excerpt: excerpt(&answer),
                 }),
             };
         }
-        Err(classify(status, retry_after, &body, ops))
+        Err(classify(status, retry_after, &answer, ops))
     }
 
     /// One page of OpenFGA's Read (reference/openfga-api.md §3): the tuples matching `filter`
@@ -783,7 +738,8 @@ impl FgaClient {
         if !continuation_token.is_empty() {
             body["continuation_token"] = Value::String(continuation_token.to_owned());
         }
-        let (status, retry_after, answer) = self.post_json(url, &body).await?;
+        let body = serde_json::to_vec(&body).expect("JSON always serialises");
+        let (status, retry_after, answer) = self.post_json(url, body).await?;
         if !(200..300).contains(&status) {
             return Err(classify(status, retry_after, &answer, &[]));
         }
@@ -817,9 +773,9 @@ impl FgaClient {
     async fn post_json(
         &self,
         url: reqwest::Url,
-        body: &Value,
+        body: Vec<u8>,
     ) -> Result<(u16, Option<Duration>, bytes::Bytes), WriteError> {
-        let body = bytes::Bytes::from(serde_json::to_vec(body).expect("JSON always serialises"));
+        let body = bytes::Bytes::from(body);
         let resp = self
             .send(|| {
                 self.http
@@ -828,9 +784,12 @@ impl FgaClient {
                     .body(body.clone())
             })
             .await
-            .map_err(|e| WriteError::Transient {
-                reason: e.to_string(),
-                retry_after: None,
+            .map_err(|e| match e {
+                SendError::Token(e) => e.into_write_error(),
+                SendError::Http(e) => WriteError::Transient {
+                    reason: describe_http_error(&e),
+                    retry_after: None,
+                },
             })?;
         let status = resp.status().as_u16();
         let retry_after = resp

@@ -7,6 +7,7 @@
 
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
+use crate::db::PgConnect;
 use crate::delivery::{Deliverer, PassReport};
 use crate::listener::{Session, SessionOptions};
 use crate::metrics::Metrics;
@@ -16,7 +17,6 @@ use crate::store::{Store, StoreError};
 use crate::systemd::Notifier;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_postgres::Config;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -27,7 +27,7 @@ const DB_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::f
 
 /// Everything a relay needs, built once by the command line (or a test).
 pub struct Relay {
-    pub pg: Config,
+    pub pg: PgConnect,
     pub db: DbSettings,
     pub fga: FgaSettings,
     pub delivery: DeliverySettings,
@@ -123,14 +123,9 @@ impl Relay {
 
     /// The dedicated connection's settings: the relay's, named apart so operators (and tests)
     /// can tell it from the pool's connections in `pg_stat_activity`.
-    fn listener_config(&self) -> Config {
-        let mut cfg = self.pg.clone();
-        let name = format!(
-            "{} listener",
-            cfg.get_application_name().unwrap_or("fga-relay")
-        );
-        cfg.application_name(name);
-        cfg
+    fn listener_config(&self) -> PgConnect {
+        self.pg
+            .named(&format!("{} listener", self.pg.application_name()))
     }
 
     fn deliverer(&self) -> Deliverer {

@@ -86,6 +86,16 @@ impl Env {
         insert_with(&client, payload).await
     }
 
+    /// Waits (up to [`PROMPTLY`](super::pg::PROMPTLY)) until row `id` is delivered.
+    pub async fn wait_delivered(&self, id: i64) {
+        wait_until(
+            super::pg::PROMPTLY,
+            &format!("row {id} is delivered"),
+            || async { self.row(id).await.delivered },
+        )
+        .await;
+    }
+
     /// The state of a row: (processed, dead, attempts, last_error).
     pub async fn row(&self, id: i64) -> RowState {
         let client = self.db.connect().await;

@@ -17,10 +17,7 @@ async fn the_two_tuples_of_one_row_arrive_in_one_write() {
             tk("organization:acme", "parent", "capture_job:7f170ae4"),
         ]))
         .await;
-    wait_until(PROMPTLY, "the row is delivered", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
     assert!(
         env.fga
             .has("capture_job:7f170ae4", "parent", "archive:3a4cb75c")
@@ -55,10 +52,7 @@ async fn a_row_of_250_tuples_goes_out_in_writes_of_at_most_100() {
         .collect();
     let id = env.insert(writes(&tuples)).await;
     let _relay = env.start_relay().await;
-    wait_until(PROMPTLY, "the row is delivered", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
     let sizes: Vec<usize> = env
         .fga
         .writes()

@@ -216,10 +216,7 @@ async fn rate_limiting_with_retry_after_is_honoured() {
         .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
     let _relay = env.start_relay().await;
-    wait_until(PROMPTLY, "the row is delivered", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
     let w = env.fga.writes();
     assert_eq!(w[0].status, 429);
     assert_eq!(w[1].status, 200);
@@ -584,8 +581,5 @@ async fn with_several_hosts_the_relay_picks_the_writable_one() {
     let id = env
         .insert(writes(&[tk("user:rw", "viewer", "document:1")]))
         .await;
-    wait_until(PROMPTLY, "delivered", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
 }

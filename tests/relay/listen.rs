@@ -13,10 +13,7 @@ async fn a_committed_insert_reaches_openfga_without_waiting_for_the_sweep() {
     let id = env
         .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
-    wait_until(PROMPTLY, "the row is delivered", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
     assert!(env.fga.has("user:anne", "viewer", "document:1"));
     assert!(!relay.logs().contains("sweep found"), "{}", relay.logs());
 }
@@ -38,10 +35,7 @@ async fn a_rolled_back_insert_never_reaches_openfga() {
     let id = env
         .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
-    wait_until(PROMPTLY, "the committed row is delivered", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
     assert!(!env.fga.has("user:ghost", "viewer", "document:1"));
     assert!(
         env.fga

@@ -169,10 +169,7 @@ async fn rows_found_by_the_sweep_show_that_notifications_are_lost() {
     let id = env
         .insert(writes(&[tk("user:a", "viewer", "document:1")]))
         .await;
-    wait_until(PROMPTLY, "the sweep delivers it", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
     let m = scrape(&base).await;
     assert_eq!(m["fga_relay_sweep_found_rows_total"], 1.0);
     assert_eq!(m["fga_relay_notifications_total"], 0.0);

@@ -584,10 +584,7 @@ fn spawn_with(env: &Env, vars: &[(&'static str, String)]) -> RelayProc {
 async fn deliver_one_by_one(env: &Env, n: usize, gap: Duration) {
     for i in 0..n {
         let id = env.insert(a_row(i)).await;
-        wait_until(PROMPTLY, "the row is delivered", || async {
-            env.row(id).await.delivered
-        })
-        .await;
+        env.wait_delivered(id).await;
         tokio::time::sleep(gap).await;
     }
 }

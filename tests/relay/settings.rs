@@ -1,7 +1,7 @@
 //! Bad settings stop the binary at once with exit status 2 and one line naming the setting;
 //! secrets never reach a log line.
 
-use crate::common::pg::{PROMPTLY, TestDb};
+use crate::common::pg::TestDb;
 use crate::common::relay::{BIN, Env};
 use std::process::Command;
 
@@ -97,10 +97,7 @@ async fn openfga_down_at_start_is_not_bad_configuration() {
         .await;
     relay.wait_for_log("write failed").await;
     env.fga.set_refusing(false);
-    crate::common::relay::wait_until(PROMPTLY, "delivered once OpenFGA is back", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
 }
 
 /// The startup line shows the effective configuration, with every secret redacted.
@@ -130,10 +127,7 @@ async fn secrets_never_reach_the_logs() {
             "document:1",
         )]))
         .await;
-    crate::common::relay::wait_until(PROMPTLY, "delivered with the token", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
     let logs = relay.logs();
     assert!(logs.contains("fga-relay starting"), "{logs}");
     assert!(logs.contains("password=[redacted]"), "{logs}");
@@ -157,8 +151,5 @@ async fn a_relay_started_before_postgres_waits_for_it() {
             "document:1",
         )]))
         .await;
-    crate::common::relay::wait_until(PROMPTLY, "delivered", || async {
-        env.row(id).await.delivered
-    })
-    .await;
+    env.wait_delivered(id).await;
 }
