@@ -4,7 +4,7 @@
 //! # Map
 //! - [`config`]: settings, validated once; secrets that never reach a log line.
 //! - [`cli`]: the command line and the commands (`migrate`, `sql`, `run`, `drain`, `status`,
-//!   `retry`, `prune`).
+//!   `retry`, `prune`, `reconcile`).
 //! - [`schema`]: the SQL of `sql/schema/`, embedded, and `migrate`.
 //! - [`store`]: every statement against the outbox, from `sql/queries/`.
 //! - [`db`]: connections: the pool, the dedicated connection's settings, and TLS as libpq
