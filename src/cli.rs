@@ -407,8 +407,7 @@ pub fn main() -> ExitCode {
         }
     };
     crate::telemetry::init(format);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
