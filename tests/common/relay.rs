@@ -96,6 +96,14 @@ impl Env {
         .await;
     }
 
+    /// Waits (up to [`PROMPTLY`](super::pg::PROMPTLY)) until no row is pending.
+    pub async fn wait_drained(&self) {
+        wait_until(super::pg::PROMPTLY, "no row is pending", || async {
+            self.pending().await == 0
+        })
+        .await;
+    }
+
     /// The state of a row: (processed, dead, attempts, last_error).
     pub async fn row(&self, id: i64) -> RowState {
         let client = self.db.connect().await;

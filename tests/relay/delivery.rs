@@ -1,8 +1,7 @@
 //! What reaches OpenFGA, and how.
 
 use crate::common::fga::FakeFga;
-use crate::common::pg::PROMPTLY;
-use crate::common::relay::{Env, assert_success, deletes, insert_with, tk, wait_until, writes};
+use crate::common::relay::{Env, assert_success, deletes, insert_with, tk, writes};
 use serde_json::{Value, json};
 
 /// SPEC §1's example: both tuples travel in one Write, so that a member of the organization
@@ -85,10 +84,7 @@ async fn rows_are_batched_without_repeating_a_tuple_in_one_write() {
     // The same tuple again, deleted: it must not share a Write with its write.
     insert_with(&client, deletes(&[tk("user:u0", "viewer", "document:1")])).await;
     let _relay = env.start_relay().await;
-    wait_until(PROMPTLY, "everything is delivered", || async {
-        env.pending().await == 0
-    })
-    .await;
+    env.wait_drained().await;
     let ok: Vec<_> = env
         .fga
         .writes()
@@ -208,10 +204,7 @@ async fn operations_on_one_tuple_arrive_in_id_order() {
     }
     insert_with(&client, writes(std::slice::from_ref(&t))).await;
     let _relay = env.start_relay().await;
-    wait_until(PROMPTLY, "everything is delivered", || async {
-        env.pending().await == 0
-    })
-    .await;
+    env.wait_drained().await;
     let ops: Vec<bool> = env
         .fga
         .changelog()

@@ -195,10 +195,7 @@ async fn openfga_refusing_connections_for_a_while_then_back() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     env.fga.set_refusing(false);
     let back = Instant::now();
-    wait_until(PROMPTLY, "delivery resumes", || async {
-        env.pending().await == 0
-    })
-    .await;
+    env.wait_drained().await;
     println!(
         "delivered everything {:?} after OpenFGA came back",
         back.elapsed()
@@ -389,10 +386,7 @@ async fn one_bad_tuple_among_100_rows_dead_letters_only_its_row() {
         ids.push(insert_with(&client, writes(&[t])).await);
     }
     let _relay = env.start_relay().await;
-    wait_until(PROMPTLY, "nothing is pending", || async {
-        env.pending().await == 0
-    })
-    .await;
+    env.wait_drained().await;
     let bad = env.row(ids[57]).await;
     assert!(bad.dead);
     assert!(

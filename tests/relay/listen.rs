@@ -57,10 +57,7 @@ async fn rows_inserted_while_the_relay_was_down_are_delivered_when_it_starts() {
         );
     }
     let _relay = env.start_relay().await;
-    wait_until(PROMPTLY, "all rows are delivered", || async {
-        env.pending().await == 0
-    })
-    .await;
+    env.wait_drained().await;
     assert_eq!(env.fga.tuples().len(), 20);
 }
 

@@ -75,10 +75,7 @@ async fn a_tuple_openfga_rejects_dead_letters_only_its_row() {
         );
     }
     let _relay = env.start_relay().await;
-    wait_until(PROMPTLY, "nothing is pending", || async {
-        env.pending().await == 0
-    })
-    .await;
+    env.wait_drained().await;
     let bad = env.row(ids[42]).await;
     assert!(bad.dead, "{bad:?}");
     let err = bad.last_error.unwrap_or_default();

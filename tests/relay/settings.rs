@@ -2,7 +2,7 @@
 //! secrets never reach a log line.
 
 use crate::common::pg::TestDb;
-use crate::common::relay::{BIN, Env};
+use crate::common::relay::{BIN, Env, tk, writes};
 use std::process::Command;
 
 fn stderr_of(out: &std::process::Output) -> String {
@@ -89,11 +89,7 @@ async fn openfga_down_at_start_is_not_bad_configuration() {
     let relay = env.spawn_relay(&[]);
     relay.wait_for_log("delivering (leader)").await;
     let id = env
-        .insert(crate::common::relay::writes(&[crate::common::relay::tk(
-            "user:anne",
-            "viewer",
-            "document:1",
-        )]))
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
     relay.wait_for_log("write failed").await;
     env.fga.set_refusing(false);
@@ -121,11 +117,7 @@ async fn secrets_never_reach_the_logs() {
     let relay = env.spawn_relay(&[("FGA_API_TOKEN", "s3cret-token"), ("DATABASE_URL", &url)]);
     relay.wait_for_log("delivering (leader)").await;
     let id = env
-        .insert(crate::common::relay::writes(&[crate::common::relay::tk(
-            "user:anne",
-            "viewer",
-            "document:1",
-        )]))
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
     env.wait_delivered(id).await;
     let logs = relay.logs();
@@ -145,11 +137,7 @@ async fn a_relay_started_before_postgres_waits_for_it() {
     env.db.restart_after_stop();
     relay.wait_for_log("delivering (leader)").await;
     let id = env
-        .insert(crate::common::relay::writes(&[crate::common::relay::tk(
-            "user:anne",
-            "viewer",
-            "document:1",
-        )]))
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
     env.wait_delivered(id).await;
 }
