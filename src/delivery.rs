@@ -80,6 +80,16 @@ struct Plan {
     rows: Vec<(Candidate, Vec<usize>)>,
 }
 
+impl Plan {
+    fn ids(&self) -> Vec<i64> {
+        self.rows.iter().map(|(c, _)| c.id).collect()
+    }
+
+    fn into_rows(self) -> Vec<Candidate> {
+        self.rows.into_iter().map(|(c, _)| c).collect()
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone)]
 pub struct PassReport {
@@ -410,21 +420,20 @@ impl Deliverer {
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
     ) -> Result<Flow, StoreError> {
-        let ids: Vec<i64> = plan.rows.iter().map(|(c, _)| c.id).collect();
         match e {
             WriteError::AlreadyApplied {
                 op: Some(i),
                 ref message,
             } => {
                 // Success for that operation; send the rest again.
-                debug!(ids = ?ids, %message, "OpenFGA already had this operation applied");
+                debug!(ids = ?plan.ids(), %message, "OpenFGA already had this operation applied");
                 if let Some((r, op)) = Self::locate(&plan, i) {
                     self.memo
                         .entry(plan.rows[r].0.id)
                         .or_default()
                         .done
                         .insert(op);
-                    Self::requeue(queue, plan.rows.into_iter().map(|(c, _)| c).collect());
+                    Self::requeue(queue, plan.into_rows());
                     return Ok(Flow::Continue);
                 }
                 self.split_or_dead_letter(tx, plan, &e, queue, report).await
@@ -438,7 +447,7 @@ impl Deliverer {
                 let Some((r, _)) = Self::locate(&plan, i) else {
                     return self.split_or_dead_letter(tx, plan, &e, queue, report).await;
                 };
-                let mut rows: Vec<Candidate> = plan.rows.into_iter().map(|(c, _)| c).collect();
+                let mut rows: Vec<Candidate> = plan.into_rows();
                 let bad = rows.remove(r);
                 self.dead_letter(tx, bad.id, &e.to_string(), report).await?;
                 Self::requeue(queue, rows);
@@ -455,7 +464,7 @@ impl Deliverer {
                          using its limit (set FGA_MAX_TUPLES_PER_WRITE={lower})"
                     );
                     self.max_tuples = lower;
-                    Self::requeue(queue, plan.rows.into_iter().map(|(c, _)| c).collect());
+                    Self::requeue(queue, plan.into_rows());
                     return Ok(Flow::Continue);
                 }
                 self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF)
@@ -501,9 +510,9 @@ impl Deliverer {
             for (c, _) in &plan.rows {
                 self.memo.entry(c.id).or_default().max_rows = Some(half);
             }
-            let ids: Vec<i64> = plan.rows.iter().map(|(c, _)| c.id).collect();
+            let ids = plan.ids();
             debug!(?ids, error = %e, "OpenFGA rejected a write without naming the tuple; splitting it");
-            Self::requeue(queue, plan.rows.into_iter().map(|(c, _)| c).collect());
+            Self::requeue(queue, plan.into_rows());
             return Ok(Flow::Continue);
         }
         let (c, idx) = plan.rows.into_iter().next().expect("a plan has rows");
@@ -581,7 +590,7 @@ impl Deliverer {
         report: &mut PassReport,
         schedule: Backoff,
     ) -> Result<(), StoreError> {
-        let ids: Vec<i64> = plan.rows.iter().map(|(c, _)| c.id).collect();
+        let ids = plan.ids();
         for (c, _) in &plan.rows {
             blocked.extend(c.hashes.iter().copied());
         }

@@ -78,23 +78,15 @@ pub fn identity() -> String {
     )
 }
 
+/// Resolves when the first of `tokens` is cancelled (never, for none).
 async fn any_cancelled(tokens: &[&CancellationToken]) {
-    let futs: Vec<_> = tokens.iter().map(|t| Box::pin(t.cancelled())).collect();
-    if futs.is_empty() {
-        std::future::pending::<()>().await;
-    }
-    futures_select_all(futs).await;
-}
-
-/// Resolves when the first of the futures does.
-async fn futures_select_all<F: std::future::Future<Output = ()> + Unpin>(mut futs: Vec<F>) {
+    let mut waits: Vec<_> = tokens.iter().map(|t| Box::pin(t.cancelled())).collect();
     std::future::poll_fn(|cx| {
-        for f in futs.iter_mut() {
-            if std::pin::Pin::new(f).poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
+        if waits.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
         }
-        std::task::Poll::Pending
     })
     .await
 }
@@ -396,6 +388,7 @@ impl Relay {
             }
             let last_look = match deliverer.pass(&keep_going).await {
                 Ok(r) => r,
+                Err(e) if self.read_only(&e) => break,
                 Err(e) => {
                     warn!(error = %e, "database error while draining");
                     PassReport {

@@ -183,6 +183,14 @@ pub async fn insert_with(client: &tokio_postgres::Client, payload: serde_json::V
         .get(0)
 }
 
+/// The Writes OpenFGA accepted (status 200), in arrival order.
+pub fn accepted_writes(fga: &super::fga::FakeFga) -> Vec<super::fga::WriteRecord> {
+    fga.writes()
+        .into_iter()
+        .filter(|w| w.status == 200)
+        .collect()
+}
+
 /// A tuple-key JSON object.
 pub fn tk(user: &str, relation: &str, object: &str) -> serde_json::Value {
     serde_json::json!({"user": user, "relation": relation, "object": object})

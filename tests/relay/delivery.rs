@@ -1,7 +1,9 @@
 //! What reaches OpenFGA, and how.
 
 use crate::common::fga::FakeFga;
-use crate::common::relay::{Env, assert_success, deletes, insert_with, tk, writes};
+use crate::common::relay::{
+    Env, accepted_writes, assert_success, deletes, insert_with, tk, writes,
+};
 use serde_json::{Value, json};
 
 /// SPEC §1's example: both tuples travel in one Write, so that a member of the organization
@@ -25,12 +27,7 @@ async fn the_two_tuples_of_one_row_arrive_in_one_write() {
         env.fga
             .has("organization:acme", "parent", "capture_job:7f170ae4")
     );
-    let ok: Vec<_> = env
-        .fga
-        .writes()
-        .into_iter()
-        .filter(|w| w.status == 200)
-        .collect();
+    let ok = accepted_writes(&env.fga);
     assert_eq!(
         ok.len(),
         1,
@@ -85,12 +82,7 @@ async fn rows_are_batched_without_repeating_a_tuple_in_one_write() {
     insert_with(&client, deletes(&[tk("user:u0", "viewer", "document:1")])).await;
     let _relay = env.start_relay().await;
     env.wait_drained().await;
-    let ok: Vec<_> = env
-        .fga
-        .writes()
-        .into_iter()
-        .filter(|w| w.status == 200)
-        .collect();
+    let ok = accepted_writes(&env.fga);
     for w in &ok {
         let mut seen = std::collections::HashSet::new();
         for part in ["writes", "deletes"] {

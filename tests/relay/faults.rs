@@ -5,7 +5,9 @@
 
 use crate::common::fga::{FakeFga, Fault, FaultRule};
 use crate::common::pg::PROMPTLY;
-use crate::common::relay::{Env, assert_success, deletes, insert_with, tk, wait_until, writes};
+use crate::common::relay::{
+    Env, accepted_writes, assert_success, deletes, insert_with, tk, wait_until, writes,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -62,10 +64,8 @@ fn assert_final_state(fga: &FakeFga, expected: &BTreeMap<String, bool>) {
 
 /// Operations OpenFGA accepted beyond the outbox's own: deliveries made twice.
 fn duplicate_operations(fga: &FakeFga, outbox_ops: usize) -> usize {
-    let accepted: usize = fga
-        .writes()
+    let accepted: usize = accepted_writes(fga)
         .iter()
-        .filter(|w| w.status == 200)
         .map(|w| {
             ["writes", "deletes"]
                 .iter()
