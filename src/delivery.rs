@@ -221,7 +221,10 @@ impl Deliverer {
         let now = Instant::now();
         let mut queue = VecDeque::with_capacity(rows.len());
         for row in rows {
-            let parsed = Payload::parse(&row.payload);
+            let parsed = match &row.payload {
+                Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
+                Err(e) => Err(format!("malformed payload: {e}")),
+            };
             if !row.mine {
                 // Another session holds it (a relay that lost leadership but has not stopped
                 // yet): it may be on its way to OpenFGA. Nothing after it on its tuples may go.
@@ -234,7 +237,7 @@ impl Deliverer {
             let payload = match parsed {
                 Ok(p) => p,
                 Err(e) => {
-                    self.dead_letter(tx, row.id, &e.to_string(), report).await?;
+                    self.dead_letter(tx, row.id, &e, report).await?;
                     continue;
                 }
             };

@@ -4,6 +4,9 @@
 -- Rows are locked FOR UPDATE SKIP LOCKED, so two drainers never hold the same row. A row skipped
 -- because another session holds it is still returned, with `mine` false: the drainer must not
 -- deliver anything after it on the same tuples, or a grant and its revoke could be reordered.
+--
+-- The payload comes as text: jsonb holds documents (numbers beyond a double, deep nesting) that
+-- a full JSON decode refuses, and the relay reads only the keys it needs.
 WITH claimed AS (
     SELECT id, payload, created_at, attempts
     FROM fga_outbox
@@ -18,7 +21,7 @@ WITH claimed AS (
       AND id > $1 AND id < (SELECT max(id) FROM claimed)
       AND id NOT IN (SELECT id FROM claimed)
 )
-SELECT id, payload, created_at, attempts, true AS mine FROM claimed
+SELECT id, payload::text, created_at, attempts, true AS mine FROM claimed
 UNION ALL
-SELECT id, payload, created_at, attempts, false AS mine FROM skipped
+SELECT id, payload::text, created_at, attempts, false AS mine FROM skipped
 ORDER BY id
