@@ -649,7 +649,7 @@ pub async fn build_relay(
     };
     info!(
         command,
-        database = %config::redact_database_url(db.url.expose()),
+        database = %crate::db::target::summary(db.url.expose()),
         table = %db.table,
         api_url = %fga.api_url,
         store = ?fga.store,

@@ -112,9 +112,8 @@ impl WriteError {
     /// How long the server asked the relay to wait (`Retry-After`), if it did.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            WriteError::Transient { retry_after, .. } | WriteError::Throttled { retry_after, .. } => {
-                *retry_after
-            }
+            WriteError::Transient { retry_after, .. }
+            | WriteError::Throttled { retry_after, .. } => *retry_after,
             _ => None,
         }
     }

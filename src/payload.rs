@@ -151,8 +151,8 @@ impl Payload {
     /// Checks a payload as stored in the outbox, from its JSON text (`payload::text`). Never
     /// panics, whatever the text: a document that cannot be read is an error that says why.
     pub fn parse_text(text: &str) -> Result<Payload, PayloadError> {
-        let raw: &RawValue = serde_json::from_str(text)
-            .map_err(|e| bad(format!("the payload is not JSON: {e}")))?;
+        let raw: &RawValue =
+            serde_json::from_str(text).map_err(|e| bad(format!("the payload is not JSON: {e}")))?;
         let top = Node::read(raw).map_err(|e| bad(format!("the payload cannot be read: {e}")))?;
         let Node::Object(obj) = top else {
             return Err(bad(format!(

@@ -162,7 +162,7 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<Verdict> {
     let fga = args.fga.settings()?;
     let opts = args.options()?;
     info!(
-        database = %config::redact_database_url(db.url.expose()),
+        database = %crate::db::target::summary(db.url.expose()),
         table = %db.table,
         api_url = %fga.api_url,
         store = ?fga.store,
