@@ -175,7 +175,10 @@ async fn postgres_restarted_mid_drain_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openfga_refusing_connections_for_a_while_then_back() {
     let env = Env::start().await;
-    let relay = env.start_relay().await;
+    // Two attempts: a relay that counted every failure of a row alone during the outage would
+    // dead-letter the first row long before OpenFGA is back.
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
     env.fga.set_refusing(true);
     let mut ids = Vec::new();
     for i in 0..30 {
@@ -191,8 +194,15 @@ async fn openfga_refusing_connections_for_a_while_then_back() {
         row.last_error.unwrap_or_default().contains("connect"),
         "the reason is recorded"
     );
-    // Long enough for the backoff to reach its cap.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Long enough for the backoff to reach its cap, and for ten failed attempts of a row sent
+    // alone (five times --max-attempts).
+    wait_until(
+        Duration::from_secs(60),
+        "ten failed attempts of the first row",
+        || async { env.row(ids[0]).await.attempts >= 10 },
+    )
+    .await;
+    assert_eq!(env.dead().await, 0, "an outage dead-lettered rows");
     env.fga.set_refusing(false);
     let back = Instant::now();
     env.wait_drained().await;
@@ -232,17 +242,19 @@ async fn rate_limiting_with_retry_after_is_honoured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openfga_hanging_times_out_and_is_retried() {
     let env = Env::start().await;
-    env.fga.push_fault(FaultRule::times(Fault::Hang, 2));
+    env.fga.push_fault(FaultRule::times(Fault::Hang, 3));
     let id = env
         .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
-    let relay = env.start_relay().await;
+    // More timeouts than --max-attempts: they are an outage, not the row's fault.
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
     wait_until(Duration::from_secs(30), "the row is delivered", || async {
         env.row(id).await.delivered
     })
     .await;
     assert!(relay.logs().contains("timed out"), "{}", relay.logs());
-    assert_eq!(env.row(id).await.attempts, 2);
+    assert_eq!(env.row(id).await.attempts, 3);
 }
 
 /// Garbage from something in front of OpenFGA (a proxy's HTML page) is a loud error, retried,
@@ -576,4 +588,194 @@ async fn with_several_hosts_the_relay_picks_the_writable_one() {
         .insert(writes(&[tk("user:rw", "viewer", "document:1")]))
         .await;
     env.wait_delivered(id).await;
+}
+
+/// A flaky, rate-limited OpenFGA (60% of Writes answered 500, 20% answered 429 with
+/// `Retry-After: 1`, for the whole run) with thousands of rows and live traffic: failures that
+/// hit every row are not the rows' fault, even sent alone, so nothing is dead-lettered, even
+/// with `--max-attempts 3`; every row is delivered once the faults stop. Each 429's
+/// `Retry-After` is waited out before the next Write. `FLAKY_ROWS` and `FLAKY_SECONDS` size a
+/// longer run (README, Guarantees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
+    let var = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (rows, seconds) = (var("FLAKY_ROWS", 2000), var("FLAKY_SECONDS", 20));
+    let env = Env::start().await;
+    env.fga
+        .set_random_faults(Some(crate::common::fga::RandomFaults {
+            internal: 0.6,
+            rate_limited: 0.2,
+            retry_after: Some("1".to_owned()),
+        }));
+    let client = env.db.connect().await;
+    client
+        .execute(
+            "INSERT INTO fga_outbox (payload)
+             SELECT jsonb_build_object('writes', jsonb_build_array(jsonb_build_object(
+                 'user', 'user:f' || i, 'relation', 'viewer', 'object', 'document:' || (i % 50))))
+             FROM generate_series(1, $1::bigint) i",
+            &[&(rows as i64)],
+        )
+        .await
+        .unwrap();
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "3")]);
+    relay.wait_for_log("delivering (leader)").await;
+    // Live traffic for the whole faulty run: a row every 50 ms.
+    let started = Instant::now();
+    let mut live = 0u64;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let t = tk(&format!("user:live{live}"), "viewer", "document:live");
+        insert_with(&client, writes(&[t])).await;
+        live += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if live % 100 == 0 {
+            assert_eq!(env.dead().await, 0, "a valid row was dead-lettered");
+        }
+    }
+    let during = env.fga.writes();
+    env.fga.set_random_faults(None);
+    let stopped = Instant::now();
+    wait_until(
+        Duration::from_secs(120),
+        "every row is delivered once the faults stop",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    let failed = during.iter().filter(|w| w.status >= 429).count();
+    println!(
+        "{rows} rows + {live} live over {seconds} s of faults: {} Writes, {failed} failed, \
+         {} 429; all delivered {:?} after the faults stopped",
+        during.len(),
+        during.iter().filter(|w| w.status == 429).count(),
+        stopped.elapsed()
+    );
+    assert_eq!(env.dead().await, 0, "a valid row was dead-lettered");
+    assert!(
+        failed * 2 > during.len(),
+        "faults were injected ({failed} of {} Writes failed)",
+        during.len()
+    );
+    assert_eq!(env.fga.tuples().len() as u64, rows + live);
+    // Retry-After applies on every path: after each 429, the next Write waits a second.
+    let all = env.fga.writes();
+    for pair in all.windows(2) {
+        if pair[0].status == 429 {
+            let answered = pair[0].answered_at.expect("a 429 is answered");
+            let gap = pair[1].received_at.saturating_duration_since(answered);
+            assert!(
+                gap >= Duration::from_secs(1),
+                "a Write {gap:?} after a 429 with Retry-After: 1"
+            );
+        }
+    }
+}
+
+/// A proxy in front of OpenFGA with a body limit answers 413 with its HTML page: the Write is
+/// halved until it passes, and a row whose own Write is too large is dead-lettered with the
+/// reason; every other row is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxys_413_halves_the_write_and_dead_letters_a_row_too_large_alone() {
+    let env = Env::start().await;
+    let limit = 3000;
+    env.fga.set_body_limit(Some(limit));
+    let client = env.db.connect().await;
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        let t = tk(&format!("user:s{i}"), "viewer", &format!("document:{i}"));
+        ids.push(insert_with(&client, writes(&[t])).await);
+    }
+    let big: Vec<_> = (0..60)
+        .map(|i| tk(&format!("user:big{i}"), "viewer", "document:big"))
+        .collect();
+    let big = insert_with(&client, writes(&big)).await;
+    for i in 60..80 {
+        let t = tk(&format!("user:s{i}"), "viewer", &format!("document:{i}"));
+        ids.push(insert_with(&client, writes(&[t])).await);
+    }
+    let _relay = env.start_relay().await;
+    env.wait_drained().await;
+    for id in &ids {
+        assert!(env.row(*id).await.delivered, "row {id}");
+    }
+    let row = env.row(big).await;
+    assert!(row.dead, "{row:?}");
+    assert!(
+        row.last_error.clone().unwrap_or_default().contains("413"),
+        "{row:?}"
+    );
+    let writes = env.fga.writes();
+    assert!(writes.iter().any(|w| w.status == 413), "the limit was hit");
+    assert!(
+        accepted_writes(&env.fga)
+            .iter()
+            .any(|w| w.body["writes"]["tuple_keys"].as_array().map_or(0, Vec::len) > 1),
+        "halved Writes still carry several rows"
+    );
+}
+
+/// What stands in front of OpenFGA answers with HTML pages: 502, 503 and 504 and a 408 are
+/// transient (retried at once, as an outage is); nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_error_pages_and_408_are_transient() {
+    let env = Env::start().await;
+    for (status, title) in [
+        (502, "Bad Gateway"),
+        (503, "Service Temporarily Unavailable"),
+        (504, "Gateway Time-out"),
+        (408, "Request Time-out"),
+    ] {
+        env.fga.push_fault(FaultRule::once(Fault::html(status, title)));
+    }
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    env.wait_delivered(id).await;
+    let row = env.row(id).await;
+    assert_eq!(row.attempts, 4, "{row:?}");
+    let logs = relay.logs();
+    assert_eq!(
+        logs.matches("class=\"transient\"").count(),
+        4,
+        "each page is a transient failure:\n{logs}"
+    );
+    assert!(!logs.contains("class=\"configuration\""), "{logs}");
+    assert_eq!(env.dead().await, 0);
+}
+
+/// A redirect is not followed (that would send the body and the token where the operator never
+/// said): a configuration error that names the `Location`, retried, dead-lettering nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_not_followed_and_names_its_location() {
+    let env = Env::start().await;
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    elsewhere.set_nonblocking(true).unwrap();
+    let location = format!(
+        "http://{}/stores/{}/write",
+        elsewhere.local_addr().unwrap(),
+        crate::common::fga::STORE_ID
+    );
+    env.fga.push_fault(FaultRule::once(Fault::Redirect {
+        status: 307,
+        location: location.clone(),
+    }));
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let relay = env.start_relay().await;
+    env.wait_delivered(id).await;
+    assert!(
+        matches!(elsewhere.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the redirect was followed"
+    );
+    let logs = relay.logs();
+    assert!(logs.contains(&location), "the Location is named:\n{logs}");
+    assert!(logs.contains("class=\"configuration\""), "{logs}");
+    assert_eq!(env.dead().await, 0);
 }
