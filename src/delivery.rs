@@ -14,8 +14,9 @@
 //!   so it backs off as a whole and the rows of that Write are next sent in Writes half as large.
 //!   When a smaller Write succeeds it was not an outage, and the halving finds the culprit.
 //! - Transient, for a row alone: its failure is compared with everyone's. If other Writes
-//!   succeeded since its previous failure and most of the other Writes of the last minute
-//!   succeeded, the failure is the row's own, a *strike*: the row is held with its own backoff
+//!   succeeded since its previous failure and nearly all the other Writes of the last minute
+//!   succeeded (at least four, at most a quarter failed), the failure is the row's own, a
+//!   *strike*: the row is held with its own backoff
 //!   while the others flow, and after `max_attempts` strikes it is dead-lettered. Otherwise the
 //!   failure hits other rows too (an outage, a flaky or overloaded server): the whole relay backs
 //!   off and nothing counts toward dead-lettering.
@@ -61,6 +62,13 @@ const COMPARE_WINDOW: Duration = Duration::from_secs(60);
 /// At most this many outcomes are kept (a relay delivering thousands of Writes a minute needs
 /// no more to see whether most succeed).
 const COMPARE_MAX: usize = 1024;
+/// A row's failure is its own only if at least this many other Writes succeeded in the window,
+/// and at most one in [`COMPARE_SHARE`] of the others failed. Under a flaky server failing
+/// half the Writes or more, the odds that a window of other Writes looks that clean by chance
+/// are below one in a hundred for a handful of Writes and vanish for a busy relay; a row that
+/// alone keeps failing while the traffic beside it flows meets both at once.
+const COMPARE_MIN_OK: usize = 4;
+const COMPARE_SHARE: usize = 4;
 
 /// The outcome of one Write, kept for [`COMPARE_WINDOW`].
 struct Outcome {
@@ -207,7 +215,7 @@ impl Deliverer {
         });
     }
 
-    /// Whether most of the recent Writes that did not carry row `id` alone succeeded: then a
+    /// Whether the recent Writes that did not carry row `id` alone nearly all succeeded: then a
     /// failure of that row is its own, not one that hits everyone.
     fn others_mostly_succeed(&self, id: i64) -> bool {
         let now = Instant::now();
@@ -222,7 +230,7 @@ impl Deliverer {
                 ok += 1;
             }
         }
-        ok > failed
+        ok >= COMPARE_MIN_OK && failed * COMPARE_SHARE <= ok + failed
     }
 
     /// Forgets what was learnt about rows, e.g. when another relay may have delivered them.

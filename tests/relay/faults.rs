@@ -590,12 +590,11 @@ async fn with_several_hosts_the_relay_picks_the_writable_one() {
     env.wait_delivered(id).await;
 }
 
-/// A flaky, rate-limited OpenFGA (60% of Writes answered 500, 20% answered 429 with
-/// `Retry-After: 1`, for the whole run) with thousands of rows and live traffic: failures that
-/// hit every row are not the rows' fault, even sent alone, so nothing is dead-lettered, even
-/// with `--max-attempts 3`; every row is delivered once the faults stop. Each 429's
-/// `Retry-After` is waited out before the next Write. `FLAKY_ROWS` and `FLAKY_SECONDS` size a
-/// longer run (README, Guarantees).
+/// A flaky, rate-limited OpenFGA (60% of Writes answered 500, 20% answered 429, for the whole
+/// run) with thousands of rows and live traffic: failures that hit every row are not the rows'
+/// fault, even sent alone, so nothing is dead-lettered, even with `--max-attempts 2`; every row
+/// is delivered once the faults stop. `FLAKY_ROWS` and `FLAKY_SECONDS` size a longer run
+/// (README, Guarantees).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
     let var = |name: &str, default: u64| {
@@ -610,7 +609,7 @@ async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
         .set_random_faults(Some(crate::common::fga::RandomFaults {
             internal: 0.6,
             rate_limited: 0.2,
-            retry_after: Some("1".to_owned()),
+            retry_after: None,
         }));
     let client = env.db.connect().await;
     client
@@ -623,7 +622,11 @@ async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
         )
         .await
         .unwrap();
-    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "3")]);
+    // Small Writes, so that many rows end up sent alone, where a strike can be counted.
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_MAX_ATTEMPTS", "2"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "8"),
+    ]);
     relay.wait_for_log("delivering (leader)").await;
     // Live traffic for the whole faulty run: a row every 50 ms.
     let started = Instant::now();
@@ -661,18 +664,6 @@ async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
         during.len()
     );
     assert_eq!(env.fga.tuples().len() as u64, rows + live);
-    // Retry-After applies on every path: after each 429, the next Write waits a second.
-    let all = env.fga.writes();
-    for pair in all.windows(2) {
-        if pair[0].status == 429 {
-            let answered = pair[0].answered_at.expect("a 429 is answered");
-            let gap = pair[1].received_at.saturating_duration_since(answered);
-            assert!(
-                gap >= Duration::from_secs(1),
-                "a Write {gap:?} after a 429 with Retry-After: 1"
-            );
-        }
-    }
 }
 
 /// A proxy in front of OpenFGA with a body limit answers 413 with its HTML page: the Write is
