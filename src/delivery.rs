@@ -629,7 +629,10 @@ impl Deliverer {
         m.failed_epoch = Some(epoch);
         m.max_rows = Some(1);
         if !strike {
-            let at = Instant::now() + OUTAGE_BACKOFF.delay(self.streak + 1);
+            // Held past the relay's own wait, so that the next pass sends the other rows
+            // first: how they fare tells an outage from this row's own failure.
+            let backoff = OUTAGE_BACKOFF.delay(self.streak + 1);
+            let at = Instant::now() + e.retry_after().unwrap_or(backoff) + backoff;
             m.retry_at = Some(at);
             report.due(at);
             self.outage(tx, &plan, e, blocked, report, OUTAGE_BACKOFF)

@@ -770,3 +770,93 @@ async fn a_redirect_is_not_followed_and_names_its_location() {
     assert!(logs.contains("class=\"configuration\""), "{logs}");
     assert_eq!(env.dead().await, 0);
 }
+
+/// Keeps traffic flowing beside a row under test: a one-tuple row every 100 ms until `done`.
+async fn traffic_until<F, Fut>(env: &Env, what: &str, deadline: Duration, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let client = env.db.connect().await;
+    let mut n = 0;
+    wait_until(deadline, what, || {
+        n += 1;
+        let (client, n) = (&client, n);
+        let check = done();
+        async move {
+            let t = tk(&format!("user:c{n}"), "viewer", "document:traffic");
+            insert_with(client, writes(&[t])).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            check.await
+        }
+    })
+    .await;
+}
+
+/// A rate limiter answering 429 whenever one row is sent, while the traffic beside it flows,
+/// is still not that row's fault: it is never dead-lettered, and is delivered once the limiter
+/// lets it through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_throttled_while_others_flow_is_never_dead_lettered() {
+    let env = Env::start().await;
+    env.fga.push_fault(
+        FaultRule::times(Fault::rate_limited(0), 12).when_tuple("user:busy", "viewer", "document:b"),
+    );
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:busy", "viewer", "document:b")]))
+        .await;
+    traffic_until(&env, "the throttled row is delivered", Duration::from_secs(60), || async {
+        let row = env.row(id).await;
+        assert!(!row.dead, "a throttled row was dead-lettered: {row:?}");
+        row.delivered
+    })
+    .await;
+    assert!(env.row(id).await.attempts >= 12);
+    assert_eq!(env.dead().await, 0);
+}
+
+/// `Retry-After` applies on every path: a row that alone keeps failing with 503 and
+/// `Retry-After: 2` while others flow (the strike path) makes the whole relay wait before its
+/// next Write, as an outage's does; the row is still dead-lettered in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_waited_out_on_the_strike_path_too() {
+    let env = Env::start().await;
+    env.fga.push_fault(
+        FaultRule::times(
+            Fault::Status {
+                status: 503,
+                code: "unavailable".into(),
+                message: "try later".into(),
+                retry_after: Some("2".into()),
+            },
+            1_000_000,
+        )
+        .when_tuple("user:slow", "viewer", "document:s"),
+    );
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:slow", "viewer", "document:s")]))
+        .await;
+    traffic_until(&env, "the failing row is dead", Duration::from_secs(90), || async {
+        env.row(id).await.dead
+    })
+    .await;
+    let all = env.fga.writes();
+    let mut waited = 0;
+    for pair in all.windows(2) {
+        if pair[0].status == 503 {
+            let answered = pair[0].answered_at.expect("answered");
+            let gap = pair[1].received_at.saturating_duration_since(answered);
+            assert!(
+                gap >= Duration::from_secs(2),
+                "a Write {gap:?} after a 503 with Retry-After: 2"
+            );
+            waited += 1;
+        }
+    }
+    assert!(waited >= 2, "the row failed {waited} times");
+    assert!(relay.logs().contains("holding it back"), "a strike was counted");
+}
