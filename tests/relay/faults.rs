@@ -704,7 +704,10 @@ async fn a_proxys_413_halves_the_write_and_dead_letters_a_row_too_large_alone() 
     assert!(
         accepted_writes(&env.fga)
             .iter()
-            .any(|w| w.body["writes"]["tuple_keys"].as_array().map_or(0, Vec::len) > 1),
+            .any(|w| w.body["writes"]["tuple_keys"]
+                .as_array()
+                .map_or(0, Vec::len)
+                > 1),
         "halved Writes still carry several rows"
     );
 }
@@ -720,7 +723,8 @@ async fn proxy_error_pages_and_408_are_transient() {
         (504, "Gateway Time-out"),
         (408, "Request Time-out"),
     ] {
-        env.fga.push_fault(FaultRule::once(Fault::html(status, title)));
+        env.fga
+            .push_fault(FaultRule::once(Fault::html(status, title)));
     }
     let id = env
         .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
@@ -799,19 +803,27 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_throttled_while_others_flow_is_never_dead_lettered() {
     let env = Env::start().await;
-    env.fga.push_fault(
-        FaultRule::times(Fault::rate_limited(0), 12).when_tuple("user:busy", "viewer", "document:b"),
-    );
+    env.fga
+        .push_fault(FaultRule::times(Fault::rate_limited(0), 12).when_tuple(
+            "user:busy",
+            "viewer",
+            "document:b",
+        ));
     let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
     relay.wait_for_log("delivering (leader)").await;
     let id = env
         .insert(writes(&[tk("user:busy", "viewer", "document:b")]))
         .await;
-    traffic_until(&env, "the throttled row is delivered", Duration::from_secs(60), || async {
-        let row = env.row(id).await;
-        assert!(!row.dead, "a throttled row was dead-lettered: {row:?}");
-        row.delivered
-    })
+    traffic_until(
+        &env,
+        "the throttled row is delivered",
+        Duration::from_secs(60),
+        || async {
+            let row = env.row(id).await;
+            assert!(!row.dead, "a throttled row was dead-lettered: {row:?}");
+            row.delivered
+        },
+    )
     .await;
     assert!(env.row(id).await.attempts >= 12);
     assert_eq!(env.dead().await, 0);
@@ -840,9 +852,12 @@ async fn retry_after_is_waited_out_on_the_strike_path_too() {
     let id = env
         .insert(writes(&[tk("user:slow", "viewer", "document:s")]))
         .await;
-    traffic_until(&env, "the failing row is dead", Duration::from_secs(90), || async {
-        env.row(id).await.dead
-    })
+    traffic_until(
+        &env,
+        "the failing row is dead",
+        Duration::from_secs(90),
+        || async { env.row(id).await.dead },
+    )
     .await;
     let all = env.fga.writes();
     let mut waited = 0;
@@ -858,5 +873,8 @@ async fn retry_after_is_waited_out_on_the_strike_path_too() {
         }
     }
     assert!(waited >= 2, "the row failed {waited} times");
-    assert!(relay.logs().contains("holding it back"), "a strike was counted");
+    assert!(
+        relay.logs().contains("holding it back"),
+        "a strike was counted"
+    );
 }

@@ -98,11 +98,17 @@ async fn documents_beyond_a_json_decoders_limits_never_crash_the_relay() {
     let env = Env::start().await;
     let client = env.db.connect().await;
     let deep = |d: usize| "[".repeat(d) + &"]".repeat(d);
-    let t = |n: usize| format!(r#"{{"user": "user:o{n}", "relation": "viewer", "object": "document:o{n}""#);
+    let t = |n: usize| {
+        format!(r#"{{"user": "user:o{n}", "relation": "viewer", "object": "document:o{n}""#)
+    };
     let delivered = [
         format!(r#"{{"writes": [{}}}], "meta": 1e400}}"#, t(0)),
         format!(r#"{{"writes": [{}}}], "meta": {}}}"#, t(1), deep(1000)),
-        format!(r#"{{"writes": [{}, "note": -1e-400, "x": {}}}]}}"#, t(2), deep(300)),
+        format!(
+            r#"{{"writes": [{}, "note": -1e-400, "x": {}}}]}}"#,
+            t(2),
+            deep(300)
+        ),
     ];
     let dead = [
         (
@@ -148,7 +154,10 @@ async fn documents_beyond_a_json_decoders_limits_never_crash_the_relay() {
         );
     }
     for n in 0..3 {
-        assert!(env.fga.has(&format!("user:o{n}"), "viewer", &format!("document:o{n}")));
+        assert!(
+            env.fga
+                .has(&format!("user:o{n}"), "viewer", &format!("document:o{n}"))
+        );
     }
 }
 
