@@ -413,7 +413,12 @@ async fn one_bad_tuple_among_100_rows_dead_letters_only_its_row() {
 /// The ordering test: a few tuples written, deleted, written, deleted… in successive rows, while
 /// rows keep arriving, OpenFGA fails now and then (5xx, 409 races, slow answers), two relays run,
 /// one of them is killed, and a `drain` runs too. OpenFGA must end in the last operation's state
-/// for every tuple.
+/// for every tuple; for each tuple, OpenFGA applies no operation before every earlier one (in id
+/// order) was applied at least once (a redelivery may repeat earlier ones); and no two Writes
+/// are ever in flight at once (two deliverers never overlap).
+///
+/// Each row also writes a marker tuple of its own, which travels in the same Write as the row's
+/// operation and tells which row each accepted operation came from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_and_revokes_keep_their_order_through_faults_two_relays_and_a_drain() {
     let env = Env::start().await;
@@ -445,7 +450,12 @@ async fn grants_and_revokes_keep_their_order_through_faults_two_relays_and_a_dra
     let mut drain = None;
     for (j, (k, write)) in plan.iter().enumerate() {
         let t = tk(&format!("user:t{k}"), "viewer", "document:mix");
-        let p = if *write { writes(&[t]) } else { deletes(&[t]) };
+        let marker = tk(&format!("user:m{j}"), "viewer", "document:marker");
+        let p = if *write {
+            writes(&[t, marker])
+        } else {
+            serde_json::json!({"writes": [marker], "deletes": [t]})
+        };
         insert_with(&client, p).await;
         if j % 50 == 0 {
             faults(4);
@@ -476,6 +486,8 @@ async fn grants_and_revokes_keep_their_order_through_faults_two_relays_and_a_dra
     )
     .await;
     env.fga.clear_faults();
+    assert_applied_in_id_order(&env.fga, &plan);
+    assert_no_two_writes_in_flight(&env.fga);
     assert_nothing_left(&env).await;
     for k in 0..tuples {
         let present = env.fga.has(&format!("user:t{k}"), "viewer", "document:mix");
@@ -486,6 +498,65 @@ async fn grants_and_revokes_keep_their_order_through_faults_two_relays_and_a_dra
     }
     let failed = env.fga.writes().iter().filter(|w| w.status != 200).count();
     assert!(failed > 10, "faults were injected ({failed} failed writes)");
+}
+
+/// For each tuple, the index (among the rows on that tuple, in id order) of every operation
+/// OpenFGA accepted, in the order it accepted them, never runs ahead of the ones before it:
+/// each is at most one past the highest applied so far.
+fn assert_applied_in_id_order(fga: &FakeFga, plan: &[(usize, bool)]) {
+    let mut index_on_tuple = Vec::with_capacity(plan.len());
+    let mut counts: HashMap<usize, usize> = HashMap::new();
+    for (k, _) in plan {
+        let c = counts.entry(*k).or_default();
+        index_on_tuple.push(*c);
+        *c += 1;
+    }
+    let mut highest: HashMap<usize, usize> = HashMap::new();
+    for w in accepted_writes(fga) {
+        let markers = w.body["writes"]["tuple_keys"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for m in markers {
+            let Some(j) = m["user"].as_str().and_then(|u| u.strip_prefix("user:m")) else {
+                continue;
+            };
+            let j: usize = j.parse().unwrap();
+            let (k, i) = (plan[j].0, index_on_tuple[j]);
+            let h = highest.get(&k).copied();
+            let next = h.map_or(0, |h| h + 1);
+            assert!(
+                i <= next,
+                "tuple {k}: operation {i} (row {j}) applied before operation {next}"
+            );
+            highest.insert(k, h.map_or(i, |h| h.max(i)));
+        }
+    }
+    for (k, n) in counts {
+        assert_eq!(
+            highest.get(&k).map(|h| h + 1),
+            Some(n),
+            "tuple {k}: operations missing"
+        );
+    }
+}
+
+/// A deliverer sends one Write at a time: two Writes in flight at once (one received before the
+/// other was answered) mean two deliverers overlapped.
+fn assert_no_two_writes_in_flight(fga: &FakeFga) {
+    let mut all: Vec<_> = fga
+        .writes()
+        .into_iter()
+        .filter_map(|w| w.answered_at.map(|a| (w.received_at, a)))
+        .collect();
+    all.sort();
+    for pair in all.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "a Write arrived {:?} before the previous one was answered",
+            pair[0].1 - pair[1].0
+        );
+    }
 }
 
 /// The LISTEN connection hangs silently (its backend stopped: no error, no answer, as after a
