@@ -1093,6 +1093,38 @@ mod tests {
     }
 
     #[test]
+    fn what_stands_in_front_of_openfga_is_classified_too() {
+        let ops = ops();
+        let refs: Vec<&Op> = ops.iter().collect();
+        let html = |s: u16| format!("<html><head><title>{s}</title></head></html>").into_bytes();
+        let c = |status, b: Vec<u8>| classify(status, Some(Duration::from_secs(3)), &b, &refs);
+        assert!(matches!(c(413, html(413)), WriteError::TooLarge { .. }));
+        let grpc_limit = body(
+            "resource_exhausted",
+            "grpc: received message larger than max (600000 vs. 524288)",
+        );
+        assert!(matches!(c(500, grpc_limit), WriteError::TooLarge { .. }));
+        for status in [408, 502, 503, 504] {
+            let e = c(status, html(status));
+            assert!(matches!(e, WriteError::Transient { .. }), "{status}: {e:?}");
+            assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+        }
+        let e = c(429, b"".to_vec());
+        assert!(matches!(e, WriteError::Throttled { .. }), "{e:?}");
+        assert_eq!(e.class(), FailureClass::Transient);
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(c(403, html(403)).class(), FailureClass::Configuration);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::LOCATION,
+            "https://login.example/".parse().unwrap(),
+        );
+        let e = redirected(302, &headers);
+        assert_eq!(e.class(), FailureClass::Configuration);
+        assert!(e.to_string().contains("https://login.example/"), "{e}");
+    }
+
+    #[test]
     fn answers_are_classified_as_openfga_means_them() {
         let ops = ops();
         let refs: Vec<&Op> = ops.iter().collect();
