@@ -622,31 +622,15 @@ impl FakeFga {
     /// `reset_requests`), in arrival order, with its outcome. Parses the recorded bodies on
     /// each call: in a tight polling loop prefer [`FakeFga::write_count`].
     pub fn writes(&self) -> Vec<WriteRecord> {
-        let raw: Vec<(Instant, Option<Instant>, Bytes, u16, Option<String>)> = self
-            .shared
-            .state()
-            .writes
-            .iter()
-            .map(|r| {
-                (
-                    r.received_at,
-                    r.answered_at,
-                    r.body.clone(),
-                    r.status,
-                    r.authorization.clone(),
-                )
-            })
-            .collect();
+        let raw: Vec<RecordInner> = self.shared.state().writes.clone();
         raw.into_iter()
-            .map(
-                |(received_at, answered_at, body, status, authorization)| WriteRecord {
-                    received_at,
-                    answered_at,
-                    body: body_as_json(&body),
-                    status,
-                    authorization,
-                },
-            )
+            .map(|r| WriteRecord {
+                received_at: r.received_at,
+                answered_at: r.answered_at,
+                body: body_as_json(&r.body),
+                status: r.status,
+                authorization: r.authorization,
+            })
             .collect()
     }
 
@@ -890,6 +874,7 @@ impl Entry {
     }
 }
 
+#[derive(Clone)]
 struct RecordInner {
     received_at: Instant,
     answered_at: Option<Instant>,

@@ -230,9 +230,11 @@ async fn any_jsonb_document_ends_delivered_or_dead_and_the_relay_stays_up() {
                     }
                 }
                 env.wait_drained().await;
-                let mut relay = relay.lock().unwrap();
-                prop_assert!(relay.is_running(), "the relay died:\n{}", relay.logs());
-                drop(relay);
+                let (running, logs) = {
+                    let mut relay = relay.lock().unwrap();
+                    (relay.is_running(), relay.logs())
+                };
+                prop_assert!(running, "the relay died:\n{}", logs);
                 for id in &valid {
                     let row = env.row(*id).await;
                     prop_assert!(row.delivered, "valid row {id} not delivered: {row:?}");
