@@ -1,4 +1,4 @@
-//! fga-relay's benchmark: SPEC §8's numbers, measured with the real relay binary, a PostgreSQL
+//! fga-relay's benchmark: the performance targets' figures, measured with the real relay binary, a PostgreSQL
 //! cluster of its own with production settings (fsync on), and the in-process, zero-latency
 //! OpenFGA stand-in of the tests. Everything talks over loopback or Unix sockets and stops by
 //! itself.
@@ -12,7 +12,7 @@
 //!
 //! BENCHMARKS.md has the results, where the time goes, and what each scenario means. This is a
 //! program, not a test: nothing here asserts a timing; it prints a table and whether each of
-//! SPEC §8's targets is met.
+//! the performance targets is met.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -42,7 +42,7 @@ const BATCH: i64 = 500;
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "fga-relay's benchmark: SPEC §8's scenarios against the real relay (see BENCHMARKS.md)"
+    about = "fga-relay's benchmark: the performance targets' scenarios against the real relay (see BENCHMARKS.md)"
 )]
 struct Args {
     /// Tiny sizes, a few seconds in all: checks that the benchmark still runs (CI).
@@ -1817,8 +1817,8 @@ impl Results {
 
 impl Results {
     fn print_summary(&self, sizes: &Sizes) {
-        println!("\n=== Summary (SPEC §8) ===\n");
-        println!("| scenario | measured | SPEC §8 target | |");
+        println!("\n=== Summary ===\n");
+        println!("| scenario | measured | target | |");
         println!("|---|---|---|---|");
         if let Some(l) = &self.latency {
             println!(
