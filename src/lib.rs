@@ -33,6 +33,7 @@ pub mod payload;
 pub mod reconcile;
 pub mod relay;
 pub mod schema;
+pub mod settings;
 pub mod shutdown;
 pub mod store;
 pub mod systemd;
