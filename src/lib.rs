@@ -22,6 +22,7 @@
 
 pub mod backoff;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod db;
 pub mod delivery;

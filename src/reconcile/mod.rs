@@ -33,42 +33,27 @@ mod read;
 mod report;
 mod settings;
 
-pub use settings::ReconcileArgs;
+pub use settings::{Options, ReadBy};
 
-use crate::config;
+use crate::config::{self, DbSettings, FgaSettings};
 use crate::openfga::{FgaClient, PreflightError};
 use compare::Summary;
 use db::Db;
 use progress::{Meter, Progress, peak_rss_kib};
 use read::{read_store, read_tuples};
 use report::Report;
-use settings::ReadBy;
-use std::process::ExitCode;
 use std::sync::Arc;
 use tracing::info;
 
-/// Runs `fga-relay reconcile`: exit status 0 when OpenFGA is in step with the outbox, 1 on
-/// drift (also when `--repair` enqueued its corrections), 2 on error.
-pub async fn command(args: ReconcileArgs) -> ExitCode {
-    match reconcile(args).await {
-        Ok(Verdict::InStep) => ExitCode::SUCCESS,
-        Ok(Verdict::Drift) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("fga-relay: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-enum Verdict {
+/// What the check found.
+pub enum Verdict {
     InStep,
     Drift,
 }
 
-async fn reconcile(args: ReconcileArgs) -> anyhow::Result<Verdict> {
-    let db = args.db.settings()?;
-    let fga = args.fga.settings()?;
-    let opts = args.options()?;
+/// Checks that OpenFGA holds what the delivered rows say it must, and with `--repair` enqueues
+/// the corrections; the report goes to stdout as it is found.
+pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::Result<Verdict> {
     info!(
         database = %config::redact_database_url(db.url.expose()),
         table = %db.table,
@@ -79,8 +64,8 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<Verdict> {
         repair = opts.repair,
         "fga-relay reconcile starting"
     );
-    let mut pg = Db::connect(&db).await?;
-    let client = Arc::new(FgaClient::new(&fga)?);
+    let mut pg = Db::connect(db).await?;
+    let client = Arc::new(FgaClient::new(fga)?);
     match client.preflight().await {
         Ok(name) => info!(store = %name, "OpenFGA store found"),
         Err(PreflightError::Config(e)) => return Err(e.into()),
