@@ -3,18 +3,14 @@
 use super::failure::Failure;
 use super::open::build_relay;
 use crate::config;
-use crate::settings::{DbArgs, DeliveryArgs, FgaArgs};
+use crate::settings::RelayArgs;
 use clap::Args;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct Drain {
     #[command(flatten)]
-    db: DbArgs,
-    #[command(flatten)]
-    fga: FgaArgs,
-    #[command(flatten)]
-    delivery: DeliveryArgs,
+    relay: RelayArgs,
     /// How long to try.
     #[arg(long, default_value = "60s")]
     timeout: String,
@@ -23,14 +19,8 @@ pub struct Drain {
 impl Drain {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let timeout = config::parse_positive_duration("--timeout", &self.timeout)?;
-        let (relay, _) = build_relay(
-            self.db.settings()?,
-            self.fga.settings()?,
-            self.delivery.settings()?,
-            "drain",
-            None,
-        )
-        .await?;
+        let (db, fga, delivery) = self.relay.settings()?;
+        let (relay, _) = build_relay(db, fga, delivery, "drain", None).await?;
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
         let left = relay.drain(timeout, shutdown).await?;

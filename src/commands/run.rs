@@ -4,7 +4,7 @@ use super::failure::Failure;
 use super::open::build_relay;
 use crate::config::{self, ConfigError};
 use crate::http::Endpoint;
-use crate::settings::{DEFAULT_HTTP_ADDR, DbArgs, DeliveryArgs, FgaArgs, or_default};
+use crate::settings::{DEFAULT_HTTP_ADDR, RelayArgs, or_default};
 use clap::Args;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,11 +14,7 @@ use tracing::info;
 #[derive(Args, Debug)]
 pub struct Run {
     #[command(flatten)]
-    db: DbArgs,
-    #[command(flatten)]
-    fga: FgaArgs,
-    #[command(flatten)]
-    delivery: DeliveryArgs,
+    relay: RelayArgs,
     /// Address for /healthz and /metrics, or "off".
     #[arg(long, env = "FGA_RELAY_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
     http_addr: String,
@@ -26,14 +22,8 @@ pub struct Run {
 
 impl Run {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
-        let Run {
-            db,
-            fga,
-            delivery,
-            http_addr,
-        } = self;
-        let http_addr = config::parse_http_addr(or_default(&http_addr, DEFAULT_HTTP_ADDR))?;
-        let (db, fga, delivery) = (db.settings()?, fga.settings()?, delivery.settings()?);
+        let http_addr = config::parse_http_addr(or_default(&self.http_addr, DEFAULT_HTTP_ADDR))?;
+        let (db, fga, delivery) = self.relay.settings()?;
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
         let (mut relay, registry) = build_relay(db, fga, delivery, "run", Some(&shutdown)).await?;

@@ -8,10 +8,12 @@
 mod db;
 mod delivery;
 mod fga;
+mod relay;
 
 pub use db::DbArgs;
 pub use delivery::DeliveryArgs;
 pub use fga::FgaArgs;
+pub use relay::RelayArgs;
 
 /// Defaults, shown by `--help` and used when a variable is set but empty (`FGA_RELAY_SWEEP_INTERVAL=`
 /// in an env file means "the default", as it does for most tools).
