@@ -1,9 +1,9 @@
 //! What an operator sees: `/healthz`, `/metrics` (scraped and parsed), the sweep metric that
 //! tells notifications are being lost, and the JSON log format.
 
+use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{Env, RelayProc, tk, wait_until, writes};
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// Starts a relay with the endpoint on a free port; returns it and the endpoint's base URL.
@@ -11,22 +11,8 @@ async fn relay_with_endpoint(env: &Env, extra: &[(&str, &str)]) -> (RelayProc, S
     let mut vars = vec![("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0")];
     vars.extend_from_slice(extra);
     let relay = env.spawn_relay(&vars);
-    relay.wait_for_log("serving /healthz and /metrics").await;
-    let logs = relay.logs();
-    let line = logs
-        .lines()
-        .find(|l| l.contains("serving /healthz and /metrics"))
-        .unwrap();
-    let addr = line
-        .split("addr=")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .trim_matches('"')
-        .to_owned();
-    (relay, format!("http://{addr}"))
+    let base = relay.endpoint().await;
+    (relay, base)
 }
 
 async fn get(url: &str) -> (u16, String) {
@@ -37,30 +23,6 @@ async fn get(url: &str) -> (u16, String) {
         }
         Err(e) => panic!("GET {url}: {e}"),
     }
-}
-
-/// Parses Prometheus text format into `name{labels}` → value.
-fn parse_metrics(text: &str) -> HashMap<String, f64> {
-    let mut out = HashMap::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let (name, value) = line
-            .rsplit_once(' ')
-            .expect("a sample line is `name value`");
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("not a number: {line}"));
-        out.insert(name.to_owned(), value);
-    }
-    out
-}
-
-async fn scrape(base: &str) -> HashMap<String, f64> {
-    let (status, text) = get(&format!("{base}/metrics")).await;
-    assert_eq!(status, 200, "{text}");
-    parse_metrics(&text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
