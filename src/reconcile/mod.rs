@@ -24,7 +24,7 @@
 //! A delivered operation reached OpenFGA before its row was marked, so before step 2 reads it;
 //! anything that changes the tuple later comes from a row after `M` (step 1 makes sure of that),
 //! and such tuples are reported as changed, not compared. `--repair` checks that once more under
-//! a short lock, right before it inserts: see [`Db::repair`].
+//! a short lock, right before it inserts: see `Db::repair` (`db.rs`).
 
 mod compare;
 mod db;
