@@ -1,6 +1,6 @@
 //! Scenario: a timer-driven drainer as applications often write it, for comparison.
 
-use crate::Sizes;
+use crate::args::Sizes;
 use crate::burndown::rows_sql;
 use crate::common::fga::{FakeFga, STORE_ID};
 use crate::harness::Bench;

@@ -1,6 +1,6 @@
 //! Scenario: a backlog burnt down by a warm relay (optionally profiled with `perf`).
 
-use crate::Sizes;
+use crate::args::Sizes;
 use crate::common::fga::FakeFga;
 use crate::cpu::CpuUse;
 use crate::harness::Bench;

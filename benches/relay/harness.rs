@@ -2,12 +2,12 @@
 //! a role of the relay's own so that its statements and sessions can be told from the bench's,
 //! and ways to run, watch and stop relays.
 
+use crate::args::{Args, Sizes};
 use crate::common;
 use crate::common::fga::{FakeFga, STORE_ID};
 use crate::common::pg::{PgOptions, TestDb};
 use crate::common::relay::RelayProc;
 use crate::cpu::{CpuSnap, loadavg, proc_stat};
-use crate::{Args, Sizes};
 use anyhow::{Context, Result, bail};
 use std::fmt::Write as _;
 use std::path::PathBuf;

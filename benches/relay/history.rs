@@ -1,7 +1,7 @@
 //! Scenario: burn-down and the claim's plan with a million delivered rows in the table, against
 //! none.
 
-use crate::Sizes;
+use crate::args::Sizes;
 use crate::burndown::{BurnDown, rows_sql};
 use crate::harness::Bench;
 use anyhow::Result;

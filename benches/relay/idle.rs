@@ -1,6 +1,6 @@
 //! Scenario: an idle relay: the statements it runs and the CPU it takes.
 
-use crate::Sizes;
+use crate::args::Sizes;
 use crate::common::fga::FakeFga;
 use crate::cpu::CpuUse;
 use crate::harness::Bench;

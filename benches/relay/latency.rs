@@ -1,7 +1,7 @@
 //! Scenario: commit → OpenFGA latency of single-row commits at a steady rate, beside the floor
 //! (commit → a plain LISTENer).
 
-use crate::Sizes;
+use crate::args::Sizes;
 use crate::common::fga::FakeFga;
 use crate::common::pg::TestDb;
 use crate::harness::Bench;

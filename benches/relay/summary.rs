@@ -1,6 +1,6 @@
 //! The closing table: each scenario's figures beside its target.
 
-use crate::Sizes;
+use crate::args::Sizes;
 use crate::baseline::BaselineResult;
 use crate::burndown::BurnDown;
 use crate::explain::{exec_ms, top_buffers};

@@ -1,7 +1,7 @@
 //! Scenario: what the wake-up trigger costs inserting transactions, against no trigger and a
 //! plain NOTIFY trigger, at 1 and 8 clients.
 
-use crate::Sizes;
+use crate::args::Sizes;
 use crate::common;
 use crate::common::fga::FakeFga;
 use crate::harness::Bench;
