@@ -235,3 +235,22 @@ async fn json_logs_are_one_object_a_line() {
     }
     assert!(saw_dead);
 }
+
+/// The leader record names the host as gethostname(2) does, so operators can find the relay
+/// that delivers (under the shipped unit, /proc/sys/kernel/hostname is hidden: it is not read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_record_names_the_host() {
+    let env = Env::start().await;
+    let relay = env.start_relay().await;
+    let client = env.db.connect().await;
+    let holder: String = client
+        .query_one("SELECT holder FROM fga_outbox_leader", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    assert!(
+        holder.starts_with(&format!("{host} pid {}", relay.pid())),
+        "{holder}"
+    );
+}
