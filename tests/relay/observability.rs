@@ -45,7 +45,9 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
         "fga_relay_listen_reconnects_total",
         "fga_relay_sweep_found_rows_total",
         "fga_relay_delivery_latency_seconds_count",
-        "fga_relay_openfga_request_duration_seconds_count",
+        "fga_relay_openfga_request_duration_seconds_count{outcome=\"ok\"}",
+        "fga_relay_openfga_request_duration_seconds_count{outcome=\"transient\"}",
+        "fga_relay_dead_rows",
         "fga_relay_failed_attempts_total{class=\"transient\"}",
         "fga_relay_failed_attempts_total{class=\"permanent\"}",
         "fga_relay_failed_attempts_total{class=\"configuration\"}",
@@ -54,6 +56,15 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     }
     assert_eq!(m["fga_relay_listen_connected"], 1.0);
     assert_eq!(m["fga_relay_leader"], 1.0);
+    let version = format!(
+        "fga_relay_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(
+        m.get(&version),
+        Some(&1.0),
+        "{version} missing from /metrics"
+    );
 
     env.insert(writes(&[
         tk("user:a", "viewer", "document:1"),
@@ -72,6 +83,11 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     assert!(m["fga_relay_notifications_total"] >= 1.0);
     assert_eq!(m["fga_relay_sweep_found_rows_total"], 0.0);
     assert_eq!(m["fga_relay_pending_rows"], 0.0);
+    assert_eq!(m["fga_relay_dead_rows"], 1.0);
+    assert_eq!(
+        m["fga_relay_openfga_request_duration_seconds_count{outcome=\"ok\"}"],
+        1.0
+    );
 
     // Pending rows and their age, while OpenFGA is away.
     env.fga.set_refusing(true);
@@ -84,7 +100,16 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     let m = scrape(&base).await;
     assert_eq!(m["fga_relay_pending_rows"], 1.0);
     assert!(m["fga_relay_oldest_pending_age_seconds"] > 0.0);
+    assert!(m["fga_relay_openfga_request_duration_seconds_count{outcome=\"transient\"}"] >= 1.0);
     env.fga.set_refusing(false);
+
+    // The dead-row gauge is the table's count, not this process's: a restarted relay (or
+    // another one) still shows the rows dead-lettered before it.
+    drop(relay);
+    let (_relay, base) = relay_with_endpoint(&env, &[]).await;
+    let m = scrape(&base).await;
+    assert_eq!(m["fga_relay_rows_dead_lettered_total"], 0.0);
+    assert_eq!(m["fga_relay_dead_rows"], 1.0);
 }
 
 /// /healthz is 503 while the LISTEN connection is down, 200 again once it is back.
@@ -171,4 +196,23 @@ async fn json_logs_are_one_object_a_line() {
         }
     }
     assert!(saw_dead);
+}
+
+/// The leader record names the host as gethostname(2) does, so operators can find the relay
+/// that delivers (under the shipped unit, /proc/sys/kernel/hostname is hidden: it is not read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_record_names_the_host() {
+    let env = Env::start().await;
+    let relay = env.start_relay().await;
+    let client = env.db.connect().await;
+    let holder: String = client
+        .query_one("SELECT holder FROM fga_outbox_leader", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    assert!(
+        holder.starts_with(&format!("{host} pid {}", relay.pid())),
+        "{holder}"
+    );
 }
