@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fga;
+pub mod metrics;
 pub mod pg;
 pub mod relay;
 pub mod tls;

@@ -751,7 +751,7 @@ async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
         insert_with(&client, writes(&[t])).await;
         live += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
-        if live % 100 == 0 {
+        if live.is_multiple_of(100) {
             assert_eq!(env.dead().await, 0, "a valid row was dead-lettered");
         }
     }

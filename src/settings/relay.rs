@@ -1,0 +1,27 @@
+//! The flags of the commands that run a relay (`run`, `drain`): where the outbox is, how to reach
+//! OpenFGA, and how delivery behaves.
+
+use super::{DbArgs, DeliveryArgs, FgaArgs};
+use crate::config::{ConfigError, DbSettings, DeliverySettings, FgaSettings};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub fga: FgaArgs,
+    #[command(flatten)]
+    pub delivery: DeliveryArgs,
+}
+
+impl RelayArgs {
+    /// The three settings, checked in that order.
+    pub fn settings(&self) -> Result<(DbSettings, FgaSettings, DeliverySettings), ConfigError> {
+        Ok((
+            self.db.settings()?,
+            self.fga.settings()?,
+            self.delivery.settings()?,
+        ))
+    }
+}
