@@ -632,10 +632,12 @@ impl Deliverer {
         m.failed_epoch = Some(epoch);
         m.max_rows = Some(1);
         if !strike {
-            // Held past the relay's own wait, so that the next pass sends the other rows
+            // Held just past the relay's own wait, so that the next pass sends the other rows
             // first: how they fare tells an outage from this row's own failure.
-            let backoff = OUTAGE_BACKOFF.delay(self.streak + 1);
-            let at = Instant::now() + e.retry_after().unwrap_or(backoff) + backoff;
+            let wait = e
+                .retry_after()
+                .unwrap_or_else(|| OUTAGE_BACKOFF.ceiling(self.streak + 1));
+            let at = Instant::now() + wait + OUTAGE_BACKOFF.base;
             m.retry_at = Some(at);
             report.due(at);
             self.outage(tx, &plan, e, blocked, report, OUTAGE_BACKOFF)
