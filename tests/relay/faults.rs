@@ -740,7 +740,7 @@ async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
     // Small Writes, so that many rows end up sent alone, where a strike can be counted.
     let relay = env.spawn_relay(&[
         ("FGA_RELAY_MAX_ATTEMPTS", "2"),
-        ("FGA_MAX_TUPLES_PER_WRITE", "8"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "2"),
     ]);
     relay.wait_for_log("delivering (leader)").await;
     // Live traffic for the whole faulty run: a row every 50 ms.
