@@ -16,10 +16,10 @@
 //! - Transient, for a row alone: its failure is compared with everyone's. If other Writes
 //!   succeeded since its previous failure and nearly all the other Writes of the last minute
 //!   succeeded (at least four, at most a quarter failed), the failure is the row's own, a
-//!   *strike*: the row is held with its own backoff
-//!   while the others flow, and after `max_attempts` strikes it is dead-lettered. Otherwise the
-//!   failure hits other rows too (an outage, a flaky or overloaded server): the whole relay backs
-//!   off and nothing counts toward dead-lettering.
+//!   *strike*: the row is held with its own backoff while the others flow, and after
+//!   `max_attempts` strikes it is dead-lettered. Otherwise the failure hits other rows too (an
+//!   outage, a flaky or overloaded server): the whole relay backs off, the row is held just past
+//!   that wait so that the others are tried first, and nothing counts toward dead-lettering.
 //! - Throttled (429): never the rows' fault. Nothing is halved and nothing is a strike; the
 //!   whole relay waits for `Retry-After` (or its own backoff) and sends the same rows again.
 //!   A `Retry-After` sent with any other failure is waited for too, on every path.
@@ -197,7 +197,7 @@ impl Deliverer {
         }
     }
 
-    /// Records a Write's outcome for [`Deliverer::others_mostly_succeed`].
+    /// Records a Write's outcome for [`Deliverer::others_nearly_all_succeed`].
     fn note(&mut self, failed: bool, alone: Option<i64>) {
         let now = Instant::now();
         while self.recent.len() >= COMPARE_MAX
@@ -217,7 +217,7 @@ impl Deliverer {
 
     /// Whether the recent Writes that did not carry row `id` alone nearly all succeeded: then a
     /// failure of that row is its own, not one that hits everyone.
-    fn others_mostly_succeed(&self, id: i64) -> bool {
+    fn others_nearly_all_succeed(&self, id: i64) -> bool {
         let now = Instant::now();
         let (mut ok, mut failed) = (0usize, 0usize);
         for o in &self.recent {
@@ -624,10 +624,10 @@ impl Deliverer {
     ) -> Result<Flow, StoreError> {
         let id = plan.rows[0].0.id;
         let epoch = self.epoch;
-        let others_succeed = self.others_mostly_succeed(id);
+        let others_succeed = self.others_nearly_all_succeed(id);
         let m = self.memo.entry(id).or_default();
-        // Other Writes succeeded since this row last failed, and most Writes but this row's do:
-        // the row, not OpenFGA, is the problem. A failure that others share is not a strike.
+        // Other Writes succeeded since this row last failed, and nearly all Writes but this
+        // row's do: the row, not OpenFGA, is the problem. A failure others share is no strike.
         let strike = m.failed_epoch.is_some_and(|e| e != epoch) && others_succeed;
         m.failed_epoch = Some(epoch);
         m.max_rows = Some(1);
@@ -661,7 +661,6 @@ impl Deliverer {
             m.retry_at = Some(at);
         }
         report.due(at);
-
         warn!(
             class = "transient",
             rows = 1,
