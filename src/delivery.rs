@@ -654,7 +654,7 @@ impl Deliverer {
                 "gave up after {strikes} failed attempts while other rows were delivered: {e}"
             );
             self.dead_letter(tx, id, &reason, report).await?;
-            return Ok(Flow::Continue);
+            return Ok(Self::after_retry_after(e, report));
         }
         let at = Instant::now() + ROW_BACKOFF.delay(strikes);
         if let Some(m) = self.memo.get_mut(&id) {
@@ -670,12 +670,19 @@ impl Deliverer {
             "row keeps failing while others are delivered; holding it back"
         );
         self.store.record_failure(tx, &[id], &e.to_string()).await?;
-        if let Some(d) = e.retry_after() {
-            // The server asked everyone to wait, whoever is at fault: no more Writes this pass.
-            report.wait = Some(report.wait.map_or(d, |w| w.max(d)));
-            return Ok(Flow::Stop);
+        Ok(Self::after_retry_after(e, report))
+    }
+
+    /// After a failure that is one row's own: the server may still have asked everyone to wait
+    /// (`Retry-After`), whoever is at fault; then no more Writes this pass.
+    fn after_retry_after(e: &WriteError, report: &mut PassReport) -> Flow {
+        match e.retry_after() {
+            Some(d) => {
+                report.wait = Some(report.wait.map_or(d, |w| w.max(d)));
+                Flow::Stop
+            }
+            None => Flow::Continue,
         }
-        Ok(Flow::Continue)
     }
 
     /// A failure of the whole relay (outage or configuration): record it on the rows, block
