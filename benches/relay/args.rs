@@ -23,6 +23,9 @@ pub(crate) struct Args {
     /// Rows in the burn-down backlog, 2 tuples each [100000; smoke 2000].
     #[arg(long)]
     pub(crate) backlog: Option<usize>,
+    /// Dead rows in front of the backlog in the dead-rows scenario [100000; smoke 2000].
+    #[arg(long)]
+    pub(crate) dead: Option<usize>,
     /// Delivered rows in the table for the history scenario [1000000; smoke 20000].
     #[arg(long)]
     pub(crate) history: Option<usize>,
@@ -71,6 +74,7 @@ pub(crate) enum Scenario {
     Latency,
     Burndown,
     History,
+    Dead,
     Writers,
     Idle,
     Baseline,
@@ -85,6 +89,7 @@ pub(crate) struct Sizes {
     pub(crate) latency_rate: u32,
     pub(crate) backlog: usize,
     pub(crate) history: usize,
+    pub(crate) dead: usize,
     pub(crate) baseline_backlog: usize,
     pub(crate) pgbench_seconds: u64,
     pub(crate) pgbench_runs: usize,
@@ -102,6 +107,7 @@ impl Sizes {
             latency_rate: a.latency_rate.unwrap_or(200).max(1),
             backlog: a.backlog.unwrap_or(if s { 2_000 } else { 100_000 }).max(1),
             history: a.history.unwrap_or(if s { 20_000 } else { 1_000_000 }),
+            dead: a.dead.unwrap_or(if s { 2_000 } else { 100_000 }),
             baseline_backlog: a
                 .baseline_backlog
                 .unwrap_or(if s { 300 } else { 20_000 })

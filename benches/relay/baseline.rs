@@ -1,7 +1,7 @@
 //! Scenario: a timer-driven drainer as applications often write it, for comparison.
 
 use crate::args::Sizes;
-use crate::burndown::rows_sql;
+use crate::burndown::{RowState, rows_sql};
 use crate::common::fga::{FakeFga, STORE_ID};
 use crate::harness::Bench;
 use crate::latency::{LatencyResult, measure_latency};
@@ -100,7 +100,9 @@ impl Bench {
         // Burn-down.
         self.truncate().await?;
         let n = sizes.baseline_backlog;
-        self.admin.batch_execute(&rows_sql("bb", n, false)).await?;
+        self.admin
+            .batch_execute(&rows_sql("bb", n, RowState::Pending))
+            .await?;
         self.admin
             .batch_execute("ANALYZE fga_outbox; CHECKPOINT")
             .await?;

@@ -67,13 +67,26 @@ impl BurnDown {
     }
 }
 
+/// The state rows are inserted in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowState {
+    Pending,
+    /// As a relay leaves them behind.
+    Delivered,
+    /// Dead-lettered, as OpenFGA's rejections leave them (e.g. after a model change).
+    Dead,
+}
+
 /// `INSERT ... SELECT generate_series`: `n` rows of 2 tuples each (the README's example shape),
-/// unique per row through `tag`; delivered already when `delivered`.
-pub(crate) fn rows_sql(tag: &str, n: usize, delivered: bool) -> String {
-    let (cols, vals) = if delivered {
-        (", created_at, processed_at", ", now(), now()")
-    } else {
-        ("", "")
+/// unique per row through `tag`, in `state`.
+pub(crate) fn rows_sql(tag: &str, n: usize, state: RowState) -> String {
+    let (cols, vals) = match state {
+        RowState::Pending => ("", ""),
+        RowState::Delivered => (", created_at, processed_at", ", now(), now()"),
+        RowState::Dead => (
+            ", created_at, failed_at, attempts, last_error",
+            ", now(), now(), 1, 'Invalid tuple ''capture_job:x#parent@archive:x''. Reason: type ''archive'' not found'",
+        ),
     };
     format!(
         "INSERT INTO fga_outbox (payload{cols}) \
@@ -127,7 +140,9 @@ impl Bench {
         let relay = self.start_relay(&fga, &[]).await?;
         relay.signal(libc::SIGSTOP);
         let t = Instant::now();
-        self.admin.batch_execute(&rows_sql(tag, n, false)).await?;
+        self.admin
+            .batch_execute(&rows_sql(tag, n, RowState::Pending))
+            .await?;
         let insert_secs = t.elapsed().as_secs_f64();
         self.admin
             .batch_execute("ANALYZE fga_outbox; CHECKPOINT")

@@ -2,7 +2,7 @@
 //! none.
 
 use crate::args::Sizes;
-use crate::burndown::{BurnDown, rows_sql};
+use crate::burndown::{BurnDown, RowState, rows_sql};
 use crate::harness::Bench;
 use anyhow::Result;
 use std::time::Instant;
@@ -20,7 +20,7 @@ impl Bench {
         self.truncate().await?;
         let t = Instant::now();
         self.admin
-            .batch_execute(&rows_sql("h", sizes.history, true))
+            .batch_execute(&rows_sql("h", sizes.history, RowState::Delivered))
             .await?;
         self.admin
             .batch_execute("VACUUM ANALYZE fga_outbox")

@@ -16,7 +16,7 @@
 //!
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
-//! a scenario (`latency`, `burndown`, `history`, `writers`, `idle`, `baseline`); `cpu.rs`
+//! a scenario (`latency`, `burndown`, `history`, `dead`, `writers`, `idle`, `baseline`); `cpu.rs`
 //! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
 //! prints the table.
 
@@ -27,6 +27,7 @@ mod args;
 mod baseline;
 mod burndown;
 mod cpu;
+mod dead;
 mod explain;
 mod harness;
 mod history;
@@ -61,6 +62,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Latency,
         Scenario::Burndown,
         Scenario::History,
+        Scenario::Dead,
         Scenario::Writers,
         Scenario::Idle,
         Scenario::Baseline,
@@ -81,6 +83,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Latency => results.latency = Some(bench.latency(&sizes).await?),
             Scenario::Burndown => results.burndown = Some(bench.burndown(&sizes).await?),
             Scenario::History => results.history = Some(bench.history(&sizes).await?),
+            Scenario::Dead => results.dead = Some(bench.dead(&sizes).await?),
             Scenario::Writers => results.writers = bench.writers(&sizes).await?,
             Scenario::Idle => results.idle = Some(bench.idle(&sizes).await?),
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),

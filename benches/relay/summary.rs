@@ -3,6 +3,7 @@
 use crate::args::Sizes;
 use crate::baseline::BaselineResult;
 use crate::burndown::BurnDown;
+use crate::dead::DeadPile;
 use crate::explain::{exec_ms, top_buffers};
 use crate::history::History;
 use crate::idle::IdleResult;
@@ -15,6 +16,7 @@ pub(crate) struct Results {
     pub(crate) latency: Option<LatencyResult>,
     pub(crate) burndown: Option<BurnDown>,
     pub(crate) history: Option<History>,
+    pub(crate) dead: Option<DeadPile>,
     pub(crate) writers: Vec<WriterRun>,
     pub(crate) idle: Option<IdleResult>,
     pub(crate) baseline: Option<BaselineResult>,
@@ -124,6 +126,29 @@ impl Results {
                 self.verdict(
                     sizes,
                     idle_full <= 4 && busy_full as f64 <= 1.1 * busy_none as f64
+                )
+            );
+        }
+        if let Some(d) = &self.dead {
+            let burn = d.with_dead.rows_per_s() / d.clean.rows_per_s();
+            println!(
+                "| dead rows: {} in front vs none | latency p50 {} vs {} ms, p99 {} vs {} ms; claim of a page {} vs {} buffers, {:.2} vs {:.2} ms; burn-down {:.0} vs {:.0} rows/s ({burn:.2}×) | within 10% | {} |",
+                d.dead,
+                ms(d.dead_latency.relay.p50),
+                ms(d.clean_latency.relay.p50),
+                ms(d.dead_latency.relay.p99),
+                ms(d.clean_latency.relay.p99),
+                top_buffers(&d.explain_dead),
+                top_buffers(&d.explain_clean),
+                exec_ms(&d.explain_dead),
+                exec_ms(&d.explain_clean),
+                d.with_dead.rows_per_s(),
+                d.clean.rows_per_s(),
+                // p99 of a few hundred commits is noisy: 1 ms of slack besides the 10%.
+                self.verdict(
+                    sizes,
+                    burn >= 0.9
+                        && d.dead_latency.relay.p99 <= 1.1 * d.clean_latency.relay.p99 + 1.0
                 )
             );
         }
