@@ -49,8 +49,9 @@ impl Bench {
             .batch_execute(&rows_sql("dd", sizes.dead, RowState::Dead))
             .await?;
         self.admin
-            .batch_execute("VACUUM ANALYZE fga_outbox; CHECKPOINT")
+            .batch_execute("VACUUM ANALYZE fga_outbox")
             .await?;
+        self.admin.batch_execute("CHECKPOINT").await?;
         let fill = t.elapsed().as_secs_f64();
         let (dead_latency, with_dead) = self.latency_and_burn(sizes, "dp").await?;
         let explain_dead = with_dead.explain.clone();
