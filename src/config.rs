@@ -167,6 +167,8 @@ pub struct DeliverySettings {
     pub max_attempts: u32,
     /// Rows claimed at a time.
     pub batch_size: usize,
+    /// The most Writes in flight at once (the adaptive window's ceiling).
+    pub max_in_flight: usize,
 }
 
 impl Default for DeliverySettings {
@@ -176,6 +178,7 @@ impl Default for DeliverySettings {
             heartbeat_interval: Duration::from_secs(5),
             max_attempts: 10,
             batch_size: 500,
+            max_in_flight: 16,
         }
     }
 }

@@ -37,13 +37,14 @@ use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, WriteError};
 use crate::payload::{Op, Payload, TupleKey};
-use crate::store::{ClaimedRow, Store, StoreError};
+use crate::store::{Store, StoreError};
 use deadpool_postgres::GenericClient;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+use tokio::task::JoinSet;
 use tracing::{debug, error, warn};
 
 /// Backoff of the whole relay after a failure that looks like an outage. Capped low so that
@@ -118,6 +119,101 @@ impl Plan {
     }
 }
 
+/// One Write on its way: its rows, every tuple they touch (no other Write in flight may touch
+/// them), and the rows it completes.
+struct Flight {
+    plan: Plan,
+    keys: Vec<u64>,
+    /// Rows all of whose operations this Write applies: marked delivered in its transaction.
+    complete: Vec<i64>,
+    ops: Vec<Op>,
+    n_ops: usize,
+}
+
+/// How a Write ended.
+enum Answer {
+    /// These rows are held by another session: nothing was sent.
+    Held(Vec<i64>),
+    /// OpenFGA's answer; on success the rows are marked delivered already.
+    Sent(Result<(), WriteError>),
+}
+
+impl Flight {
+    fn new(plan: Plan, memo: &HashMap<i64, Memo>) -> Flight {
+        let keys = plan
+            .rows
+            .iter()
+            .flat_map(|(c, _)| c.hashes.iter().copied())
+            .collect();
+        let complete = plan
+            .rows
+            .iter()
+            .filter(|(c, idx)| {
+                memo.get(&c.id).map_or(0, |m| m.done.len()) + idx.len() >= c.ops.len()
+            })
+            .map(|(c, _)| c.id)
+            .collect();
+        let ops: Vec<Op> = plan
+            .rows
+            .iter()
+            .flat_map(|(c, idx)| idx.iter().map(|&i| c.ops[i].clone()))
+            .collect();
+        let n_ops = ops.len();
+        Flight {
+            plan,
+            keys,
+            complete,
+            ops,
+            n_ops,
+        }
+    }
+
+    /// Sends the Write in a transaction of its own that holds its rows' locks while it is in
+    /// flight and, when OpenFGA accepts it, marks the rows it completes delivered. So rows are
+    /// marked as their Writes are answered, and a crash leaves at most the Writes in flight to
+    /// send again.
+    async fn fly(
+        self,
+        store: Store,
+        client: Arc<FgaClient>,
+        metrics: Metrics,
+    ) -> (Flight, Result<Answer, StoreError>) {
+        let answer = self.send(&store, &client, &metrics).await;
+        (self, answer)
+    }
+
+    async fn send(
+        &self,
+        store: &Store,
+        client: &FgaClient,
+        metrics: &Metrics,
+    ) -> Result<Answer, StoreError> {
+        let mut conn = store.pool().get().await?;
+        let tx = conn.transaction().await?;
+        let ids = self.plan.ids();
+        let got = store.lock(&tx, &ids).await?;
+        if got.len() < ids.len() {
+            tx.rollback().await?;
+            let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
+            return Ok(Answer::Held(missing));
+        }
+        let ops: Vec<&Op> = self.ops.iter().collect();
+        let started = Instant::now();
+        let result = client.write(&ops).await;
+        let outcome = match &result {
+            Ok(()) => "ok",
+            Err(e) => e.class().as_str(),
+        };
+        metrics.request(outcome, started.elapsed().as_secs_f64());
+        metrics.writes_sent.inc();
+        if result.is_ok() {
+            store.mark_delivered(&tx, &self.complete).await?;
+        }
+        tx.commit().await?;
+        Ok(Answer::Sent(result))
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone)]
 pub struct PassReport {
@@ -168,6 +264,9 @@ pub struct Deliverer {
     streak: u32,
     /// The outcomes of recent Writes (429s left out: they say nothing about rows).
     recent: VecDeque<Outcome>,
+    /// The Writes allowed in flight at once, as TCP's congestion window: halved on 429, 5xx
+    /// and timeouts, grown by one per window of successes, up to `max_in_flight`.
+    window: f64,
 }
 
 fn key_hash(k: &TupleKey) -> u64 {
@@ -184,7 +283,9 @@ impl Deliverer {
         settings: DeliverySettings,
         max_tuples: usize,
     ) -> Deliverer {
+        let window = settings.max_in_flight.max(1) as f64;
         Deliverer {
+            window,
             store,
             client,
             metrics,
@@ -239,72 +340,155 @@ impl Deliverer {
         self.streak = 0;
     }
 
-    /// One pass over every pending row, in id order, a page at a time. `keep_going` is asked
-    /// before every Write; when it says no, the pass stops, keeping what was delivered.
+    /// The Writes that may be in flight now.
+    fn window(&self) -> usize {
+        (self.window as usize).clamp(1, self.settings.max_in_flight.max(1))
+    }
+
+    /// A Write succeeded: grow the window by one Write per window's worth of successes.
+    fn widen(&mut self) {
+        let max = self.settings.max_in_flight.max(1) as f64;
+        self.window = (self.window + 1.0 / self.window).min(max);
+        self.metrics.write_window.set(self.window() as i64);
+    }
+
+    /// OpenFGA struggles (429, 5xx, timeout): halve the window.
+    fn narrow(&mut self) {
+        self.window = (self.window / 2.0).max(1.0);
+        self.metrics.write_window.set(self.window() as i64);
+    }
+
+    /// One pass over every pending row, in id order, read a page at a time, with up to
+    /// [`Deliverer::window`] Writes in flight. `keep_going` is asked before every Write; when it
+    /// says no, the pass sends nothing more, waits for the Writes in flight, and stops.
     pub async fn pass(&mut self, keep_going: &dyn Fn() -> bool) -> Result<PassReport, StoreError> {
         let mut report = PassReport::default();
         let mut blocked: HashSet<u64> = HashSet::new();
+        let mut queue: BTreeMap<i64, Candidate> = BTreeMap::new();
+        // Tuples of the Writes in flight (every tuple of their rows), with how many hold each.
+        let mut in_flight: HashMap<u64, usize> = HashMap::new();
+        let mut flights: JoinSet<(Flight, Result<Answer, StoreError>)> = JoinSet::new();
+        // Rows whose every operation was applied already: marked at the end, with no Write.
+        let mut delivered = Vec::new();
+        let batch = self.settings.batch_size.max(1);
         let mut after = 0i64;
-        let batch = self.settings.batch_size.max(1) as i64;
+        let mut exhausted = false;
+        let mut launching = true;
+        let mut failed: Option<StoreError> = None;
         loop {
-            let mut conn = self.store.pool().get().await?;
-            let tx = conn.transaction().await?;
-            let rows = self.store.claim(&tx, after, batch).await?;
-            let Some(last) = rows.last() else {
-                tx.commit().await?;
-                break;
-            };
-            after = last.id;
-            let full_page = rows.iter().filter(|r| r.mine).count() as i64 >= batch;
-            let mut delivered = Vec::new();
-            let flow = self
-                .deliver_page(
-                    &tx,
-                    rows,
+            if launching && !exhausted && queue.len() < batch {
+                match self
+                    .read_page(after, batch, &mut queue, &mut blocked, &mut report)
+                    .await
+                {
+                    Ok(None) => exhausted = true,
+                    Ok(Some((last, n))) => {
+                        after = last;
+                        exhausted = n < batch;
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        launching = false;
+                    }
+                }
+            }
+            while launching && flights.len() < self.window() {
+                let Some(plan) = self.plan_write(
+                    &mut queue,
                     &mut blocked,
+                    &in_flight,
                     &mut report,
                     &mut delivered,
-                    keep_going,
-                )
-                .await?;
-            self.store.mark_delivered(&tx, &delivered).await?;
-            tx.commit().await?;
-            if flow == Flow::Stop || !full_page {
+                ) else {
+                    break;
+                };
+                if !keep_going() {
+                    report.interrupted = true;
+                    launching = false;
+                    Self::requeue(&mut queue, plan.into_rows());
+                    break;
+                }
+                let flight = Flight::new(plan, &self.memo);
+                for h in &flight.keys {
+                    *in_flight.entry(*h).or_default() += 1;
+                }
+                report.writes += 1;
+                flights.spawn(flight.fly(
+                    self.store.clone(),
+                    self.client.clone(),
+                    self.metrics.clone(),
+                ));
+                self.metrics.writes_in_flight.set(flights.len() as i64);
+            }
+            let Some(joined) = flights.join_next().await else {
+                if launching && !exhausted {
+                    continue;
+                }
                 break;
+            };
+            self.metrics.writes_in_flight.set(flights.len() as i64);
+            let (flight, answer) = match joined {
+                Ok(landed) => landed,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Only aborted tasks end otherwise, and none is aborted while the pass runs.
+                Err(_) => continue,
+            };
+            for h in &flight.keys {
+                if let Some(n) = in_flight.get_mut(h) {
+                    *n -= 1;
+                    if *n == 0 {
+                        in_flight.remove(h);
+                    }
+                }
+            }
+            match self
+                .landed(flight, answer, &mut queue, &mut blocked, &mut report)
+                .await
+            {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Stop) => launching = false,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    launching = false;
+                }
             }
         }
-        Ok(report)
+        if !delivered.is_empty() {
+            let conn = self.store.pool().get().await?;
+            self.store.mark_delivered(&conn, &delivered).await?;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 
-    async fn deliver_page(
+    /// Reads the next page of pending rows into the queue. Returns the last id read and how
+    /// many rows, or `None` when there are no more.
+    async fn read_page(
         &mut self,
-        tx: &impl GenericClient,
-        rows: Vec<ClaimedRow>,
+        after: i64,
+        batch: usize,
+        queue: &mut BTreeMap<i64, Candidate>,
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
-        delivered: &mut Vec<i64>,
-        keep_going: &dyn Fn() -> bool,
-    ) -> Result<Flow, StoreError> {
+    ) -> Result<Option<(i64, usize)>, StoreError> {
+        let conn = self.store.pool().get().await?;
+        let rows = self.store.claim(&conn, after, batch as i64).await?;
+        let Some(last) = rows.last().map(|r| r.id) else {
+            return Ok(None);
+        };
+        let n = rows.len();
         let now = Instant::now();
-        let mut queue = VecDeque::with_capacity(rows.len());
         for row in rows {
             let parsed = match &row.payload {
                 Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
                 Err(e) => Err(format!("malformed payload: {e}")),
             };
-            if !row.mine {
-                // Another session holds it (a relay that lost leadership but has not stopped
-                // yet): it may be on its way to OpenFGA. Nothing after it on its tuples may go.
-                if let Ok(p) = &parsed {
-                    blocked.extend(p.ops.iter().map(|op| key_hash(op.key())));
-                }
-                report.held += 1;
-                continue;
-            }
             let payload = match parsed {
                 Ok(p) => p,
                 Err(e) => {
-                    self.dead_letter(tx, row.id, &e, report).await?;
+                    self.dead_letter(&conn, row.id, &e, report).await?;
                     continue;
                 }
             };
@@ -317,87 +501,116 @@ impl Deliverer {
                 report.due(at);
                 continue;
             }
-            queue.push_back(Candidate {
-                id: row.id,
-                created_at: row.created_at,
-                ops: payload.ops,
-                hashes,
-            });
+            queue.insert(
+                row.id,
+                Candidate {
+                    id: row.id,
+                    created_at: row.created_at,
+                    ops: payload.ops,
+                    hashes,
+                },
+            );
         }
-
-        while let Some(plan) = self.plan_write(&mut queue, blocked, report, delivered) {
-            if !keep_going() {
-                report.interrupted = true;
-                return Ok(Flow::Stop);
-            }
-            let ops: Vec<&Op> = plan
-                .rows
-                .iter()
-                .flat_map(|(c, idx)| idx.iter().map(|&i| &c.ops[i]))
-                .collect();
-            let started = Instant::now();
-            let result = self.client.write(&ops).await;
-            let outcome = match &result {
-                Ok(()) => "ok",
-                Err(e) => e.class().as_str(),
-            };
-            self.metrics
-                .request(outcome, started.elapsed().as_secs_f64());
-            self.metrics.writes_sent.inc();
-            report.writes += 1;
-            let n_ops = ops.len();
-            drop(ops);
-            match result {
-                Ok(()) => self.on_success(plan, n_ops, &mut queue, report, delivered),
-                Err(e) => {
-                    if self
-                        .on_failure(tx, plan, e, &mut queue, blocked, report)
-                        .await?
-                        == Flow::Stop
-                    {
-                        return Ok(Flow::Stop);
-                    }
-                }
-            }
-        }
-        Ok(Flow::Continue)
+        Ok(Some((last, n)))
     }
 
-    /// Takes the rows of the next Write from the front of the queue: in id order, as many as
-    /// the tuple limit and the rows' halving allow, never the same tuple twice; a row larger
-    /// than the limit goes alone, in parts. Rows touching a blocked tuple are passed over.
-    /// Rows with nothing left to send are delivered without a Write.
+    /// A Write answered (or not sent, its rows held elsewhere): account for it.
+    async fn landed(
+        &mut self,
+        flight: Flight,
+        answer: Result<Answer, StoreError>,
+        queue: &mut BTreeMap<i64, Candidate>,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+    ) -> Result<Flow, StoreError> {
+        let Flight { plan, n_ops, .. } = flight;
+        match answer? {
+            Answer::Held(missing) => {
+                // Another session holds some of these rows (a relay that lost leadership but
+                // has not stopped yet): they may be on their way to OpenFGA. Nothing after them
+                // on their tuples may go; the others are planned again.
+                let mut rest = Vec::new();
+                for c in plan.into_rows() {
+                    if missing.contains(&c.id) {
+                        blocked.extend(c.hashes.iter().copied());
+                        report.held += 1;
+                    } else {
+                        rest.push(c);
+                    }
+                }
+                Self::requeue(queue, rest);
+                Ok(Flow::Continue)
+            }
+            Answer::Sent(Ok(())) => {
+                self.widen();
+                self.on_success(plan, n_ops, queue, report);
+                Ok(Flow::Continue)
+            }
+            Answer::Sent(Err(e)) => {
+                if matches!(
+                    e,
+                    WriteError::Transient { .. } | WriteError::Throttled { .. }
+                ) {
+                    self.narrow();
+                }
+                let conn = self.store.pool().get().await?;
+                self.on_failure(&conn, plan, e, queue, blocked, report)
+                    .await
+            }
+        }
+    }
+
+    /// Takes the rows of the next Write from the queue: in id order, as many as the tuple limit
+    /// and the rows' halving allow, never the same tuple twice, and none on a tuple of a Write
+    /// in flight or of an earlier row left waiting; a row larger than the limit goes alone, in
+    /// parts. Rows touching a blocked tuple are passed over for the pass. Rows with nothing left
+    /// to send are delivered without a Write.
     fn plan_write(
         &mut self,
-        queue: &mut VecDeque<Candidate>,
+        queue: &mut BTreeMap<i64, Candidate>,
         blocked: &mut HashSet<u64>,
+        in_flight: &HashMap<u64, usize>,
         report: &mut PassReport,
         delivered: &mut Vec<i64>,
     ) -> Option<Plan> {
         let limit = self.max_tuples;
         let mut rows: Vec<(Candidate, Vec<usize>)> = Vec::new();
         let mut keys: HashSet<u64> = HashSet::new();
+        // Tuples of rows left in the queue by this scan: every later row on them waits too.
+        let mut waiting: HashSet<u64> = HashSet::new();
         let mut n_ops = 0usize;
         let mut cap = usize::MAX;
-        while let Some(front) = queue.front() {
-            if front.hashes.iter().any(|h| blocked.contains(h)) {
-                let c = queue.pop_front().expect("front exists");
-                blocked.extend(c.hashes.iter().copied());
+        let ids: Vec<i64> = queue.keys().copied().collect();
+        for id in ids {
+            let Some(c) = queue.get(&id) else { continue };
+            if c.hashes.iter().any(|h| blocked.contains(h)) {
+                if let Some(c) = queue.remove(&id) {
+                    blocked.extend(c.hashes.iter().copied());
+                }
                 report.held += 1;
                 continue;
             }
-            let memo = self.memo.get(&front.id);
-            let remaining: Vec<usize> = (0..front.ops.len())
+            if c.hashes
+                .iter()
+                .any(|h| in_flight.contains_key(h) || waiting.contains(h))
+            {
+                waiting.extend(c.hashes.iter().copied());
+                continue;
+            }
+            let memo = self.memo.get(&id);
+            let remaining: Vec<usize> = (0..c.ops.len())
                 .filter(|i| memo.is_none_or(|m| !m.done.contains(i)))
                 .collect();
             if remaining.is_empty() {
-                let c = queue.pop_front().expect("front exists");
-                self.row_delivered(&c, report, delivered);
+                if let Some(c) = queue.remove(&id) {
+                    self.row_delivered(&c, report);
+                    delivered.push(c.id);
+                }
                 continue;
             }
             let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
             if rows.is_empty() {
-                let c = queue.pop_front().expect("front exists");
+                let Some(c) = queue.remove(&id) else { continue };
                 if remaining.len() > limit {
                     // Too large for one Write: send it in parts, alone.
                     let part: Vec<usize> = remaining.into_iter().take(limit).collect();
@@ -410,13 +623,15 @@ impl Deliverer {
                 rows.push((c, remaining));
                 continue;
             }
-            if rows.len() >= cap.min(row_cap)
-                || n_ops + remaining.len() > limit
-                || remaining.iter().any(|&i| keys.contains(&front.hashes[i]))
-            {
+            if rows.len() >= cap.min(row_cap) || n_ops + remaining.len() > limit {
                 break;
             }
-            let c = queue.pop_front().expect("front exists");
+            if remaining.iter().any(|&i| keys.contains(&c.hashes[i])) {
+                // Its tuple is in this Write: it goes after it, as does every later row on it.
+                waiting.extend(c.hashes.iter().copied());
+                continue;
+            }
+            let Some(c) = queue.remove(&id) else { continue };
             keys.extend(remaining.iter().map(|&i| c.hashes[i]));
             n_ops += remaining.len();
             cap = cap.min(row_cap);
@@ -425,9 +640,8 @@ impl Deliverer {
         (!rows.is_empty()).then_some(Plan { rows })
     }
 
-    fn row_delivered(&mut self, c: &Candidate, report: &mut PassReport, delivered: &mut Vec<i64>) {
+    fn row_delivered(&mut self, c: &Candidate, report: &mut PassReport) {
         self.memo.remove(&c.id);
-        delivered.push(c.id);
         report.delivered += 1;
         self.metrics.rows_delivered.inc();
         if let Ok(age) = SystemTime::now().duration_since(c.created_at) {
@@ -441,9 +655,8 @@ impl Deliverer {
         &mut self,
         plan: Plan,
         n_ops: usize,
-        queue: &mut VecDeque<Candidate>,
+        queue: &mut BTreeMap<i64, Candidate>,
         report: &mut PassReport,
-        delivered: &mut Vec<i64>,
     ) {
         self.epoch += 1;
         self.streak = 0;
@@ -455,22 +668,21 @@ impl Deliverer {
             let all = c.ops.len();
             let memo_done = self.memo.get(&c.id).map_or(0, |m| m.done.len());
             if memo_done + idx.len() >= all {
-                self.row_delivered(&c, report, delivered);
+                // Marked delivered in the Write's own transaction already.
+                self.row_delivered(&c, report);
             } else {
                 // A part of a large row: remember it, send the rest next.
                 self.memo.entry(c.id).or_default().done.extend(idx);
                 unfinished.push(c);
             }
         }
-        for c in unfinished.into_iter().rev() {
-            queue.push_front(c);
-        }
+        Self::requeue(queue, unfinished);
     }
 
-    /// Puts a plan's rows back at the front of the queue, in order.
-    fn requeue(queue: &mut VecDeque<Candidate>, rows: Vec<Candidate>) {
-        for c in rows.into_iter().rev() {
-            queue.push_front(c);
+    /// Puts rows back into the queue, in their place.
+    fn requeue(queue: &mut BTreeMap<i64, Candidate>, rows: Vec<Candidate>) {
+        for c in rows {
+            queue.insert(c.id, c);
         }
     }
 
@@ -491,7 +703,7 @@ impl Deliverer {
         tx: &impl GenericClient,
         plan: Plan,
         e: WriteError,
-        queue: &mut VecDeque<Candidate>,
+        queue: &mut BTreeMap<i64, Candidate>,
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
     ) -> Result<Flow, StoreError> {
@@ -588,7 +800,7 @@ impl Deliverer {
         tx: &impl GenericClient,
         plan: Plan,
         e: &WriteError,
-        queue: &mut VecDeque<Candidate>,
+        queue: &mut BTreeMap<i64, Candidate>,
         report: &mut PassReport,
     ) -> Result<Flow, StoreError> {
         self.metrics.failed("permanent");
@@ -606,7 +818,7 @@ impl Deliverer {
         let (c, idx) = plan.rows.into_iter().next().expect("a plan has rows");
         if matches!(e, WriteError::AlreadyApplied { .. }) && idx.len() == 1 {
             self.memo.entry(c.id).or_default().done.insert(idx[0]);
-            queue.push_front(c);
+            queue.insert(c.id, c);
             return Ok(Flow::Continue);
         }
         self.dead_letter(tx, c.id, &e.to_string(), report).await?;

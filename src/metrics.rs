@@ -49,6 +49,8 @@ pub struct Metrics {
     pub oldest_pending_age_seconds: Gauge<f64, AtomicU64>,
     pub listen_connected: Gauge,
     pub leader: Gauge,
+    pub write_window: Gauge,
+    pub writes_in_flight: Gauge,
     pub reconnects: Counter,
     pub sweep_found_rows: Counter,
     pub notifications: Counter,
@@ -70,6 +72,8 @@ impl Metrics {
             oldest_pending_age_seconds: Gauge::default(),
             listen_connected: Gauge::default(),
             leader: Gauge::default(),
+            write_window: Gauge::default(),
+            writes_in_flight: Gauge::default(),
             reconnects: Counter::default(),
             sweep_found_rows: Counter::default(),
             notifications: Counter::default(),
@@ -141,6 +145,17 @@ impl Metrics {
             "leader",
             "1 while this relay is the one delivering (the others are standbys)",
             m.leader.clone(),
+        );
+        r.register(
+            "write_window",
+            "Writes the relay lets be in flight at once now: halved on 429, 5xx and timeouts, \
+             grown back while Writes succeed, up to --max-in-flight",
+            m.write_window.clone(),
+        );
+        r.register(
+            "writes_in_flight",
+            "Writes sent and not yet answered",
+            m.writes_in_flight.clone(),
         );
         r.register(
             "listen_reconnects",

@@ -14,9 +14,6 @@ pub struct ClaimedRow {
     pub payload: Result<String, String>,
     pub created_at: SystemTime,
     pub attempts: i32,
-    /// False when another session holds the row: it must be treated as not yet delivered, and
-    /// nothing after it on the same tuples may be delivered.
-    pub mine: bool,
 }
 
 /// Counts by state, as `status` prints them.
@@ -40,6 +37,7 @@ pub struct PendingCounts {
 #[derive(Debug)]
 struct Queries {
     claim: String,
+    lock: String,
     mark_delivered: String,
     record_failure: String,
     dead_letter: String,
@@ -67,6 +65,7 @@ impl Store {
         let r = |sql: &str| render(sql, &table);
         let q = Queries {
             claim: r(include_str!("../sql/queries/claim.sql")),
+            lock: r(include_str!("../sql/queries/lock.sql")),
             mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
             record_failure: r(include_str!("../sql/queries/record_failure.sql")),
             dead_letter: r(include_str!("../sql/queries/dead_letter.sql")),
@@ -95,7 +94,22 @@ impl Store {
         &self.table
     }
 
-    /// Claims the page of pending rows after `after`, within the caller's transaction.
+    /// Locks the rows of one Write within its transaction; returns the ids it got (a row
+    /// another session holds is skipped, not waited for).
+    pub async fn lock(
+        &self,
+        tx: &impl GenericClient,
+        ids: &[i64],
+    ) -> Result<Vec<i64>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.lock).await?;
+        tx.query(&stmt, &[&ids])
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect()
+    }
+
+    /// Reads the page of pending rows after `after` (nothing locked).
     pub async fn claim(
         &self,
         tx: &impl GenericClient,
@@ -113,7 +127,6 @@ impl Store {
                         .map_err(|e| format!("the payload cannot be read: {e}")),
                     created_at: r.try_get(2)?,
                     attempts: r.try_get(3)?,
-                    mine: r.try_get(4)?,
                 })
             })
             .collect()

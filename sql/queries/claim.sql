@@ -1,27 +1,14 @@
--- Claims the next page of pending rows, in id order, for delivery within this transaction.
--- $1: the last id of the previous page (0 to start), $2: how many rows.
+-- Reads the next page of pending rows, in id order, for planning Writes. $1: the last id of the
+-- previous page (0 to start), $2: how many rows.
 --
--- Rows are locked FOR UPDATE SKIP LOCKED, so two drainers never hold the same row. A row skipped
--- because another session holds it is still returned, with `mine` false: the drainer must not
--- deliver anything after it on the same tuples, or a grant and its revoke could be reordered.
+-- Nothing is locked here: each Write locks its own rows (lock.sql) in a transaction of its own,
+-- held while the Write is in flight, and marks them delivered in it. A row another session holds
+-- is found then, and nothing after it on its tuples is sent.
 --
 -- The payload comes as text: jsonb holds documents (numbers beyond a double, deep nesting) that
 -- a full JSON decode refuses, and the relay reads only the keys it needs.
-WITH claimed AS (
-    SELECT id, payload, created_at, attempts
-    FROM fga_outbox
-    WHERE processed_at IS NULL AND failed_at IS NULL AND id > $1
-    ORDER BY id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), skipped AS (
-    SELECT id, payload, created_at, attempts
-    FROM fga_outbox
-    WHERE processed_at IS NULL AND failed_at IS NULL
-      AND id > $1 AND id < (SELECT max(id) FROM claimed)
-      AND id NOT IN (SELECT id FROM claimed)
-)
-SELECT id, payload::text, created_at, attempts, true AS mine FROM claimed
-UNION ALL
-SELECT id, payload::text, created_at, attempts, false AS mine FROM skipped
+SELECT id, payload::text, created_at, attempts
+FROM fga_outbox
+WHERE processed_at IS NULL AND failed_at IS NULL AND id > $1
 ORDER BY id
+LIMIT $2

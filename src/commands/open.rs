@@ -91,11 +91,17 @@ pub(super) async fn build_relay(
         heartbeat_interval = ?delivery.heartbeat_interval,
         max_attempts = delivery.max_attempts,
         batch_size = delivery.batch_size,
+        max_in_flight = delivery.max_in_flight,
         version = env!("CARGO_PKG_VERSION"),
         "fga-relay starting"
     );
     let pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
-    let store = Store::new(crate::db::pool(pg.clone(), 4), db.table.clone());
+    // A connection for each Write in flight (it holds its rows' locks until the answer), and a
+    // few for bookkeeping, the metrics endpoint and `drain`'s counts.
+    let store = Store::new(
+        crate::db::pool(pg.clone(), delivery.max_in_flight + 3),
+        db.table.clone(),
+    );
     let table = match wait_for_db {
         Some(shutdown) => wait_for_schema(&store, shutdown).await?,
         None => check_schema(&store).await?,

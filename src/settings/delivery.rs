@@ -1,8 +1,8 @@
 //! How the delivery loop behaves: sweep and heartbeat intervals, attempts, batch size.
 
 use super::{
-    DEFAULT_BATCH_SIZE, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_ATTEMPTS, DEFAULT_SWEEP_INTERVAL,
-    or_default,
+    DEFAULT_BATCH_SIZE, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_SWEEP_INTERVAL, or_default,
 };
 use crate::config::{self, ConfigError, DeliverySettings};
 use clap::Args;
@@ -23,6 +23,10 @@ pub struct DeliveryArgs {
     /// Rows claimed at a time.
     #[arg(long, env = "FGA_RELAY_BATCH_SIZE", default_value = DEFAULT_BATCH_SIZE)]
     pub batch_size: String,
+    /// Writes in flight at once, at most, each on tuples no other in-flight Write touches. The
+    /// relay halves its window on 429, 5xx and timeouts and grows it back while Writes succeed.
+    #[arg(long, env = "FGA_RELAY_MAX_IN_FLIGHT", default_value = DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: String,
 }
 
 impl DeliveryArgs {
@@ -47,6 +51,12 @@ impl DeliveryArgs {
                 or_default(&self.batch_size, DEFAULT_BATCH_SIZE),
                 1,
                 100_000,
+            )? as usize,
+            max_in_flight: config::parse_count(
+                "--max-in-flight (FGA_RELAY_MAX_IN_FLIGHT)",
+                or_default(&self.max_in_flight, DEFAULT_MAX_IN_FLIGHT),
+                1,
+                256,
             )? as usize,
         })
     }

@@ -394,3 +394,47 @@ where
         tokio::time::sleep(every).await;
     }
 }
+
+/// Every tuple key a Write's body names, written or deleted, as `object#relation@user`.
+pub fn write_tuple_keys(body: &serde_json::Value) -> Vec<String> {
+    ["writes", "deletes"]
+        .iter()
+        .filter_map(|p| body[p]["tuple_keys"].as_array())
+        .flatten()
+        .map(|k| {
+            format!(
+                "{}#{}@{}",
+                k["object"].as_str().unwrap_or(""),
+                k["relation"].as_str().unwrap_or(""),
+                k["user"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+/// Asserts that no two Writes in flight at the same time (each received before the other was
+/// answered) name the same tuple; returns how many pairs of Writes were in flight together.
+pub fn assert_no_tuple_in_two_writes_in_flight(fga: &super::fga::FakeFga) -> usize {
+    let all: Vec<_> = fga
+        .writes()
+        .into_iter()
+        .filter_map(|w| {
+            w.answered_at
+                .map(|a| (w.received_at, a, write_tuple_keys(&w.body)))
+        })
+        .collect();
+    let mut overlapping = 0;
+    for (i, (r1, a1, k1)) in all.iter().enumerate() {
+        for (r2, a2, k2) in &all[i + 1..] {
+            if r1 < a2 && r2 < a1 {
+                overlapping += 1;
+                let shared: Vec<&String> = k1.iter().filter(|k| k2.contains(k)).collect();
+                assert!(
+                    shared.is_empty(),
+                    "two Writes in flight at once share tuples {shared:?}"
+                );
+            }
+        }
+    }
+    overlapping
+}

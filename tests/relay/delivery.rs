@@ -1,10 +1,13 @@
 //! What reaches OpenFGA, and how.
 
-use crate::common::fga::FakeFga;
+use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
-    Env, accepted_writes, assert_success, deletes, insert_with, tk, writes,
+    Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
+    insert_with, tk, wait_until, writes,
 };
 use serde_json::{Value, json};
+use std::time::Duration;
 
 /// The README's outbox example: both tuples travel in one Write, so that a member of the organization
 /// never has one without the other.
@@ -80,7 +83,10 @@ async fn rows_are_batched_without_repeating_a_tuple_in_one_write() {
     }
     // The same tuple again, deleted: it must not share a Write with its write.
     insert_with(&client, deletes(&[tk("user:u0", "viewer", "document:1")])).await;
-    let _relay = env.start_relay().await;
+    // One Write at a time: with more in flight, the rows after the first hundred would leave
+    // without waiting for the delete, which waits for the first Write's answer (three Writes).
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_IN_FLIGHT", "1")]);
+    relay.wait_for_log("delivering (leader)").await;
     env.wait_drained().await;
     let ok = accepted_writes(&env.fga);
     for w in &ok {
@@ -313,4 +319,111 @@ async fn a_row_another_session_holds_keeps_later_rows_on_its_tuple_waiting() {
         !env.fga.has("user:h", "viewer", "document:h"),
         "the delete came last"
     );
+}
+
+/// Grants and revokes of a few tuples, each row with a marker tuple of its own, against an
+/// OpenFGA that takes 20 ms per Write. The `n` rows: (tuple, write?) in id order.
+fn mixed_plan(n: usize, tuples: usize) -> Vec<(usize, bool)> {
+    let mut last = vec![false; tuples];
+    (0..n)
+        .map(|j| {
+            let k = (j * 7 + j / 13) % tuples;
+            last[k] = !last[k];
+            (k, last[k])
+        })
+        .collect()
+}
+
+fn mixed_payload(j: usize, k: usize, write: bool) -> Value {
+    let t = tk(&format!("user:t{k}"), "viewer", "document:mix");
+    let marker = tk(&format!("user:m{j}"), "viewer", "document:marker");
+    if write {
+        writes(&[t, marker])
+    } else {
+        json!({"writes": [marker], "deletes": [t]})
+    }
+}
+
+/// Several Writes fly together (`--max-in-flight 8` against a 20 ms OpenFGA), yet no two in
+/// flight at once touch the same tuple, and every tuple's operations are applied in id order:
+/// a tuple in flight holds back every later row on it until its Write is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_writes_fly_together_never_on_the_same_tuple_and_in_order() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(20)),
+        1_000_000,
+    ));
+    let (rows, tuples) = (600, 40);
+    let plan = mixed_plan(rows, tuples);
+    let client = env.db.connect().await;
+    for (j, (k, write)) in plan.iter().enumerate() {
+        insert_with(&client, mixed_payload(j, *k, *write)).await;
+    }
+    let _relay = env.spawn_relay(&[
+        ("FGA_RELAY_MAX_IN_FLIGHT", "8"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "10"),
+    ]);
+    wait_until(
+        Duration::from_secs(60),
+        "every row is delivered",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    let overlapping = assert_no_tuple_in_two_writes_in_flight(&env.fga);
+    assert!(
+        overlapping > 0,
+        "no two Writes were ever in flight at once with --max-in-flight 8"
+    );
+    crate::faults::assert_applied_in_id_order(&env.fga, &plan);
+    let mut last = vec![false; tuples];
+    for (k, write) in &plan {
+        last[*k] = *write;
+    }
+    for (k, present) in last.iter().enumerate() {
+        assert_eq!(
+            env.fga.has(&format!("user:t{k}"), "viewer", "document:mix"),
+            *present,
+            "tuple {k}: OpenFGA does not hold the last operation's state"
+        );
+    }
+}
+
+/// Rows are marked delivered as their Writes are answered, not when a whole page is done: with
+/// a slow OpenFGA, part of the first page is already marked while the rest is still on its way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_marked_delivered_as_their_writes_are_answered() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(50)),
+        1_000_000,
+    ));
+    let client = env.db.connect().await;
+    client
+        .batch_execute(
+            "INSERT INTO fga_outbox (payload) SELECT jsonb_build_object('writes', \
+             jsonb_build_array(jsonb_build_object('user', 'user:p' || g, 'relation', 'viewer', \
+             'object', 'document:p'))) FROM generate_series(1, 400) g",
+        )
+        .await
+        .unwrap();
+    let _relay = env.spawn_relay(&[
+        ("FGA_RELAY_BATCH_SIZE", "400"),
+        ("FGA_RELAY_MAX_IN_FLIGHT", "2"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "10"),
+    ]);
+    // 40 Writes of 50 ms, two at a time: a second or so for the page.
+    wait_until(PROMPTLY, "part of the page is marked delivered", || async {
+        let marked: i64 = client
+            .query_one(
+                "SELECT count(*) FROM fga_outbox WHERE processed_at IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        marked > 0 && marked < 400
+    })
+    .await;
+    env.wait_drained().await;
 }
