@@ -130,8 +130,31 @@ struct Flight {
     n_ops: usize,
 }
 
+/// When OpenFGA asked (`Retry-After`) that no Write be sent before: set by the Write that got
+/// the answer, read by every Write about to leave, so that none already planned goes out
+/// meanwhile.
+#[derive(Clone, Default)]
+struct Gate(Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl Gate {
+    fn close_until(&self, at: Instant) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = Some(g.map_or(at, |t| t.max(at)));
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0
+            .lock()
+            .map(|g| g.is_some_and(|t| t > Instant::now()))
+            .unwrap_or(false)
+    }
+}
+
 /// How a Write ended.
 enum Answer {
+    /// Not sent: OpenFGA asked for a pause meanwhile. The rows go back to the queue.
+    Deferred,
     /// These rows are held by another session: nothing was sent.
     Held(Vec<i64>),
     /// OpenFGA's answer; on success the rows are marked delivered already.
@@ -177,8 +200,9 @@ impl Flight {
         store: Store,
         client: Arc<FgaClient>,
         metrics: Metrics,
+        gate: Gate,
     ) -> (Flight, Result<Answer, StoreError>) {
-        let answer = self.send(&store, &client, &metrics).await;
+        let answer = self.send(&store, &client, &metrics, &gate).await;
         (self, answer)
     }
 
@@ -187,7 +211,11 @@ impl Flight {
         store: &Store,
         client: &FgaClient,
         metrics: &Metrics,
+        gate: &Gate,
     ) -> Result<Answer, StoreError> {
+        if gate.is_closed() {
+            return Ok(Answer::Deferred);
+        }
         let mut conn = store.pool().get().await?;
         let tx = conn.transaction().await?;
         let ids = self.plan.ids();
@@ -196,6 +224,10 @@ impl Flight {
             tx.rollback().await?;
             let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
             return Ok(Answer::Held(missing));
+        }
+        if gate.is_closed() {
+            tx.rollback().await?;
+            return Ok(Answer::Deferred);
         }
         let ops: Vec<&Op> = self.ops.iter().collect();
         let started = Instant::now();
@@ -206,6 +238,11 @@ impl Flight {
         };
         metrics.request(outcome, started.elapsed().as_secs_f64());
         metrics.writes_sent.inc();
+        if let Err(e) = &result
+            && let Some(wait) = e.retry_after()
+        {
+            gate.close_until(Instant::now() + wait);
+        }
         if result.is_ok() {
             store.mark_delivered(&tx, &self.complete).await?;
         }
@@ -375,7 +412,11 @@ impl Deliverer {
         let mut exhausted = false;
         let mut launching = true;
         let mut failed: Option<StoreError> = None;
+        let gate = Gate::default();
         loop {
+            if gate.is_closed() {
+                launching = false;
+            }
             if launching && !exhausted && queue.len() < batch {
                 match self
                     .read_page(after, batch, &mut queue, &mut blocked, &mut report)
@@ -417,6 +458,7 @@ impl Deliverer {
                     self.store.clone(),
                     self.client.clone(),
                     self.metrics.clone(),
+                    gate.clone(),
                 ));
                 self.metrics.writes_in_flight.set(flights.len() as i64);
             }
@@ -525,6 +567,10 @@ impl Deliverer {
     ) -> Result<Flow, StoreError> {
         let Flight { plan, n_ops, .. } = flight;
         match answer? {
+            Answer::Deferred => {
+                Self::requeue(queue, plan.into_rows());
+                Ok(Flow::Stop)
+            }
             Answer::Held(missing) => {
                 // Another session holds some of these rows (a relay that lost leadership but
                 // has not stopped yet): they may be on their way to OpenFGA. Nothing after them
