@@ -321,6 +321,7 @@ impl Deliverer {
         max_tuples: usize,
     ) -> Deliverer {
         let window = settings.max_in_flight.max(1) as f64;
+        metrics.write_window.set(window as i64);
         Deliverer {
             window,
             store,

@@ -4,6 +4,7 @@
 //! in the state the outbox says.
 
 use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
     Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
@@ -985,4 +986,45 @@ async fn retry_after_is_waited_out_on_the_strike_path_too() {
         relay.logs().contains("holding it back"),
         "a strike was counted"
     );
+}
+
+/// The window of Writes in flight adapts as TCP's does: 5xx answers halve it, so a struggling
+/// OpenFGA is not sent eight Writes at once again, and it grows back to `--max-in-flight` while
+/// Writes succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_of_writes_in_flight_halves_on_5xx_and_grows_back() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(Fault::internal(), 3));
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(30)),
+        1_000_000,
+    ));
+    let client = env.db.connect().await;
+    client
+        .batch_execute(
+            "INSERT INTO fga_outbox (payload) SELECT jsonb_build_object('writes', \
+             jsonb_build_array(jsonb_build_object('user', 'user:w' || g, 'relation', 'viewer', \
+             'object', 'document:w'))) FROM generate_series(1, 3000) g",
+        )
+        .await
+        .unwrap();
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
+        ("FGA_RELAY_MAX_IN_FLIGHT", "8"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "10"),
+    ]);
+    let base = relay.endpoint().await;
+    let window = || async { scrape(&base).await["fga_relay_write_window"] };
+    wait_until(PROMPTLY, "the window narrows after 5xx answers", || async {
+        window().await < 8.0
+    })
+    .await;
+    wait_until(
+        PROMPTLY,
+        "the window grows back while Writes succeed",
+        || async { window().await == 8.0 },
+    )
+    .await;
+    env.wait_drained().await;
+    assert_eq!(env.dead().await, 0);
 }
