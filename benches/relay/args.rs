@@ -26,6 +26,12 @@ pub(crate) struct Args {
     /// Dead rows in front of the backlog in the dead-rows scenario [100000; smoke 2000].
     #[arg(long)]
     pub(crate) dead: Option<usize>,
+    /// Rows in each burn-down of the speed scenario [20000; smoke 500].
+    #[arg(long)]
+    pub(crate) speed_backlog: Option<usize>,
+    /// Windows (--max-in-flight) the speed scenario compares, comma-separated [1,4,8,16,32].
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) speed_windows: Vec<usize>,
     /// Delivered rows in the table for the history scenario [1000000; smoke 20000].
     #[arg(long)]
     pub(crate) history: Option<usize>,
@@ -75,6 +81,7 @@ pub(crate) enum Scenario {
     Burndown,
     History,
     Dead,
+    Speed,
     Writers,
     Idle,
     Baseline,
@@ -90,6 +97,8 @@ pub(crate) struct Sizes {
     pub(crate) backlog: usize,
     pub(crate) history: usize,
     pub(crate) dead: usize,
+    pub(crate) speed_backlog: usize,
+    pub(crate) speed_windows: Vec<usize>,
     pub(crate) baseline_backlog: usize,
     pub(crate) pgbench_seconds: u64,
     pub(crate) pgbench_runs: usize,
@@ -108,6 +117,19 @@ impl Sizes {
             backlog: a.backlog.unwrap_or(if s { 2_000 } else { 100_000 }).max(1),
             history: a.history.unwrap_or(if s { 20_000 } else { 1_000_000 }),
             dead: a.dead.unwrap_or(if s { 2_000 } else { 100_000 }),
+            speed_backlog: a
+                .speed_backlog
+                .unwrap_or(if s { 500 } else { 20_000 })
+                .max(1),
+            speed_windows: if a.speed_windows.is_empty() {
+                if s {
+                    vec![1, 16]
+                } else {
+                    vec![1, 4, 8, 16, 32]
+                }
+            } else {
+                a.speed_windows.clone()
+            },
             baseline_backlog: a
                 .baseline_backlog
                 .unwrap_or(if s { 300 } else { 20_000 })

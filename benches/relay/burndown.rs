@@ -136,8 +136,18 @@ impl Bench {
     /// the backlog is inserted, analysed and EXPLAINed, and the clock starts at SIGCONT: the
     /// notification of the backlog's commit is waiting for it then.
     pub(crate) async fn burn(&self, n: usize, tag: &str) -> Result<BurnDown> {
-        let fga = FakeFga::start();
-        let relay = self.start_relay(&fga, &[]).await?;
+        self.burn_with(n, tag, &FakeFga::start(), &[]).await
+    }
+
+    /// As [`Bench::burn`], against this stand-in, with `extra` environment for the relay.
+    pub(crate) async fn burn_with(
+        &self,
+        n: usize,
+        tag: &str,
+        fga: &FakeFga,
+        extra: &[(&str, &str)],
+    ) -> Result<BurnDown> {
+        let relay = self.start_relay(fga, extra).await?;
         relay.signal(libc::SIGSTOP);
         let t = Instant::now();
         self.admin

@@ -16,7 +16,7 @@
 //!
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
-//! a scenario (`latency`, `burndown`, `history`, `dead`, `writers`, `idle`, `baseline`); `cpu.rs`
+//! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `idle`, `baseline`); `cpu.rs`
 //! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
 //! prints the table.
 
@@ -34,6 +34,7 @@ mod history;
 mod idle;
 mod latency;
 mod pgbench;
+mod speed;
 mod stats;
 mod summary;
 mod writers;
@@ -63,6 +64,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Burndown,
         Scenario::History,
         Scenario::Dead,
+        Scenario::Speed,
         Scenario::Writers,
         Scenario::Idle,
         Scenario::Baseline,
@@ -84,6 +86,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Burndown => results.burndown = Some(bench.burndown(&sizes).await?),
             Scenario::History => results.history = Some(bench.history(&sizes).await?),
             Scenario::Dead => results.dead = Some(bench.dead(&sizes).await?),
+            Scenario::Speed => results.speed = Some(bench.speed(&sizes).await?),
             Scenario::Writers => results.writers = bench.writers(&sizes).await?,
             Scenario::Idle => results.idle = Some(bench.idle(&sizes).await?),
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),

@@ -8,6 +8,7 @@ use crate::explain::{exec_ms, top_buffers};
 use crate::history::History;
 use crate::idle::IdleResult;
 use crate::latency::LatencyResult;
+use crate::speed::Speed;
 use crate::stats::ms;
 use crate::writers::{TriggerKind, WriterRun, round_ratio};
 
@@ -17,6 +18,7 @@ pub(crate) struct Results {
     pub(crate) burndown: Option<BurnDown>,
     pub(crate) history: Option<History>,
     pub(crate) dead: Option<DeadPile>,
+    pub(crate) speed: Option<Speed>,
     pub(crate) writers: Vec<WriterRun>,
     pub(crate) idle: Option<IdleResult>,
     pub(crate) baseline: Option<BaselineResult>,
@@ -150,6 +152,39 @@ impl Results {
                     burn >= 0.9
                         && d.dead_latency.relay.p99 <= 1.1 * d.clean_latency.relay.p99 + 1.0
                 )
+            );
+        }
+        if let Some(sp) = &self.speed {
+            for r in &sp.rows {
+                let rates: Vec<String> = r
+                    .rates
+                    .iter()
+                    .map(|(w, v)| format!("window {w}: {v:.0} rows/s ({:.1}×)", v / r.ceiling))
+                    .collect();
+                let default = r.rates.iter().find(|(w, _)| *w == 16).map(|(_, v)| *v);
+                let (target, ok) = if r.latency == "20 ms" {
+                    (
+                        "≥ 6× the ceiling with the default window",
+                        default.is_some_and(|v| v >= 6.0 * r.ceiling),
+                    )
+                } else {
+                    ("", true)
+                };
+                println!(
+                    "| speed, OpenFGA {} (ceiling {:.0} rows/s) | {} | {target} | {} |",
+                    r.latency,
+                    r.ceiling,
+                    rates.join("; "),
+                    if target.is_empty() {
+                        ""
+                    } else {
+                        self.verdict(sizes, ok)
+                    }
+                );
+            }
+            println!(
+                "| crash with the window full (20 ms) | {} tuple operations to send again | at most the Writes in flight | |",
+                sp.crash_redelivery
             );
         }
         if let Some(i) = &self.idle {

@@ -226,6 +226,29 @@ pub enum Fault {
     Redirect { status: u16, location: String },
 }
 
+/// How long a write takes (see [`FakeFga::set_latency`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Latency {
+    Fixed(Duration),
+    /// Log-normal around this median (σ = 1): p90 3.6×, p99 10× the median, a long tail as
+    /// a database behind a server has.
+    LongTail(Duration),
+}
+
+impl Latency {
+    fn draw(self) -> Duration {
+        match self {
+            Latency::Fixed(d) => d,
+            Latency::LongTail(median) => {
+                // Box–Muller: a standard normal from two uniforms.
+                let (u1, u2) = (fastrand::f64().max(1e-12), fastrand::f64());
+                let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                median.mul_f64(z.exp())
+            }
+        }
+    }
+}
+
 /// Faults drawn at random for every write request no [`FaultRule`] matched, as a flaky or
 /// overloaded deployment (several replicas behind a load balancer, a rate limiter) answers.
 #[derive(Clone, Debug, Default)]
@@ -671,6 +694,12 @@ impl FakeFga {
         self.shared.state().random = faults;
     }
 
+    /// How long every write no fault matched takes, as a real OpenFGA writing to its own
+    /// database does. `None`: answered at once.
+    pub fn set_latency(&self, latency: Option<Latency>) {
+        self.shared.state().latency = latency;
+    }
+
     /// A proxy in front of OpenFGA with a body limit: a write body above `bytes` is answered
     /// 413 with the proxy's HTML page, before OpenFGA sees it. `None`: no limit.
     pub fn set_body_limit(&self, bytes: Option<usize>) {
@@ -798,6 +827,7 @@ struct Db {
     faults: VecDeque<FaultRule>,
     random: Option<RandomFaults>,
     body_limit: Option<usize>,
+    latency: Option<Latency>,
 }
 
 impl Db {
@@ -1629,7 +1659,10 @@ impl Shared {
                 })
         });
         let Some(index) = index else {
-            let random = state.random.clone()?;
+            let latency = state.latency.map(|l| Fault::Delay(l.draw()));
+            let Some(random) = state.random.clone() else {
+                return latency;
+            };
             let draw = fastrand::f64();
             return if draw < random.internal {
                 Some(Fault::internal())
@@ -1641,7 +1674,7 @@ impl Shared {
                     retry_after: random.retry_after,
                 })
             } else {
-                None
+                latency
             };
         };
         let rule = &mut state.faults[index];
