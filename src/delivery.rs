@@ -1,13 +1,25 @@
 //! Delivery: one pass over the pending rows, in id order, into as few Writes as OpenFGA allows,
-//! without ever reordering two operations on the same tuple.
+//! several in flight at once, without ever reordering two operations on the same tuple.
 //!
 //! # The order rule
-//! Writes are sent one after another. A row is sent only if no earlier row that touches one of
-//! its tuples is still undelivered in this pass: every row that fails, is held back or is held by
-//! another session adds its tuples to the pass's *blocked* set, and every later row touching a
-//! blocked tuple is passed over (and blocks its own tuples in turn). Rows on other tuples go on.
-//! A pass always starts again from the lowest pending id, so a row passed over is looked at
-//! again, in order, by the next pass.
+//! A row is sent only if no earlier row that touches one of its tuples is still undelivered in
+//! this pass: every row that fails, is held back or is held by another session adds its tuples
+//! to the pass's *blocked* set, and every later row touching a blocked tuple is passed over (and
+//! blocks its own tuples in turn). Rows on other tuples go on. A pass always starts again from
+//! the lowest pending id, so a row passed over is looked at again, in order, by the next pass.
+//!
+//! # Writes in flight
+//! Up to a window of Writes are in flight at once, and no two of them touch the same tuple: a
+//! row on a tuple of a Write in flight waits for that Write's answer, and so does every later
+//! row on its tuples (the order rule with the Write still undecided). Rows are read a page at a
+//! time without locks; each Write runs in a transaction of its own that locks its rows
+//! (`FOR UPDATE SKIP LOCKED`: a row another session holds is not sent, and blocks its tuples),
+//! sends the Write, and marks the rows delivered when OpenFGA accepts it. So rows are marked as
+//! their Writes are answered, no transaction spans more than one Write, and a crash sends again
+//! at most what was in flight. The window adapts as TCP's does: halved by a 429, a 5xx or a
+//! timeout, grown by one Write per window of successes, up to `--max-in-flight`. A
+//! `Retry-After` closes a gate every Write about to leave looks at, so that none goes out before
+//! the wait is over.
 //!
 //! # Failures
 //! - Transient, for a Write of several rows: the relay cannot tell an outage from one bad row,
