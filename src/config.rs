@@ -165,7 +165,7 @@ pub struct DeliverySettings {
     /// Failed attempts, made while other rows were being delivered, after which a row that keeps
     /// failing transiently is dead-lettered.
     pub max_attempts: u32,
-    /// Rows claimed at a time.
+    /// Rows read at a time to plan Writes.
     pub batch_size: usize,
     /// The most Writes in flight at once (the adaptive window's ceiling).
     pub max_in_flight: usize,

@@ -20,7 +20,7 @@ pub struct DeliveryArgs {
     /// dead-lettered.
     #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: String,
-    /// Rows claimed at a time.
+    /// Rows read at a time to plan Writes.
     #[arg(long, env = "FGA_RELAY_BATCH_SIZE", default_value = DEFAULT_BATCH_SIZE)]
     pub batch_size: String,
     /// Writes in flight at once, at most, each on tuples no other in-flight Write touches. The
