@@ -438,3 +438,25 @@ pub fn assert_no_tuple_in_two_writes_in_flight(fga: &super::fga::FakeFga) -> usi
     }
     overlapping
 }
+
+/// A backlog of `n` one-tuple rows, `user:{tag}{i} viewer document:{tag}`, behind an OpenFGA
+/// that takes `latency` per Write (the first `failures` Writes answered 500 first).
+pub async fn slow_backlog(env: &Env, tag: &str, n: usize, latency: Duration, failures: usize) {
+    use super::fga::{Fault, FaultRule};
+    if failures > 0 {
+        env.fga
+            .push_fault(FaultRule::times(Fault::internal(), failures));
+    }
+    env.fga
+        .push_fault(FaultRule::times(Fault::Delay(latency), 1_000_000));
+    env.db
+        .connect()
+        .await
+        .batch_execute(&format!(
+            "INSERT INTO fga_outbox (payload) SELECT jsonb_build_object('writes', \
+             jsonb_build_array(jsonb_build_object('user', 'user:{tag}' || g, 'relation', \
+             'viewer', 'object', 'document:{tag}'))) FROM generate_series(1, {n}) g"
+        ))
+        .await
+        .expect("insert the backlog");
+}

@@ -4,7 +4,7 @@ use crate::common::fga::{FakeFga, Fault, FaultRule};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
     Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
-    insert_with, tk, wait_until, writes,
+    insert_with, slow_backlog, tk, wait_until, writes,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -394,19 +394,8 @@ async fn several_writes_fly_together_never_on_the_same_tuple_and_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_are_marked_delivered_as_their_writes_are_answered() {
     let env = Env::start().await;
-    env.fga.push_fault(FaultRule::times(
-        Fault::Delay(Duration::from_millis(50)),
-        1_000_000,
-    ));
+    slow_backlog(&env, "p", 400, Duration::from_millis(50), 0).await;
     let client = env.db.connect().await;
-    client
-        .batch_execute(
-            "INSERT INTO fga_outbox (payload) SELECT jsonb_build_object('writes', \
-             jsonb_build_array(jsonb_build_object('user', 'user:p' || g, 'relation', 'viewer', \
-             'object', 'document:p'))) FROM generate_series(1, 400) g",
-        )
-        .await
-        .unwrap();
     let _relay = env.spawn_relay(&[
         ("FGA_RELAY_BATCH_SIZE", "400"),
         ("FGA_RELAY_MAX_IN_FLIGHT", "2"),

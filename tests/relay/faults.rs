@@ -8,7 +8,7 @@ use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
     Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
-    insert_with, tk, wait_until, writes,
+    insert_with, slow_backlog, tk, wait_until, writes,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -994,20 +994,7 @@ async fn retry_after_is_waited_out_on_the_strike_path_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_window_of_writes_in_flight_halves_on_5xx_and_grows_back() {
     let env = Env::start().await;
-    env.fga.push_fault(FaultRule::times(Fault::internal(), 3));
-    env.fga.push_fault(FaultRule::times(
-        Fault::Delay(Duration::from_millis(30)),
-        1_000_000,
-    ));
-    let client = env.db.connect().await;
-    client
-        .batch_execute(
-            "INSERT INTO fga_outbox (payload) SELECT jsonb_build_object('writes', \
-             jsonb_build_array(jsonb_build_object('user', 'user:w' || g, 'relation', 'viewer', \
-             'object', 'document:w'))) FROM generate_series(1, 3000) g",
-        )
-        .await
-        .unwrap();
+    slow_backlog(&env, "w", 3000, Duration::from_millis(30), 3).await;
     let relay = env.spawn_relay(&[
         ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
         ("FGA_RELAY_MAX_IN_FLIGHT", "8"),
