@@ -228,17 +228,27 @@ impl Flight {
         if gate.is_closed() {
             return Ok(Answer::Deferred);
         }
-        let mut conn = store.pool().get().await?;
-        let tx = conn.transaction().await?;
+        let tx = WriteTx(Some(store.pool().get().await?));
+        let conn = tx.conn();
+        let (lock, mark) = store.write_statements(conn).await?;
         let ids = self.plan.ids();
-        let got = store.lock(&tx, &ids).await?;
-        if got.len() < ids.len() {
-            tx.rollback().await?;
-            let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
-            return Ok(Answer::Held(missing));
-        }
-        if gate.is_closed() {
-            tx.rollback().await?;
+        // BEGIN and the lock in one round trip (tokio-postgres pipelines requests polled
+        // together, in the order they were first polled), as are the mark and COMMIT below:
+        // one Write at a time then costs no more round trips than a page claimed at once did.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+        let (begun, locked) = tokio::join!(conn.batch_execute("BEGIN"), conn.query(&lock, &params));
+        begun?;
+        let got: Vec<i64> = locked?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        if got.len() < ids.len() || gate.is_closed() {
+            conn.batch_execute("ROLLBACK").await?;
+            tx.finish();
+            if got.len() < ids.len() {
+                let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
+                return Ok(Answer::Held(missing));
+            }
             return Ok(Answer::Deferred);
         }
         let ops: Vec<&Op> = self.ops.iter().collect();
@@ -255,11 +265,43 @@ impl Flight {
         {
             gate.close_until(Instant::now() + wait);
         }
-        if result.is_ok() {
-            store.mark_delivered(&tx, &self.complete).await?;
+        if result.is_ok() && !self.complete.is_empty() {
+            // A failed UPDATE turns the COMMIT into a rollback; the rows are sent again.
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.complete];
+            let (marked, committed) =
+                tokio::join!(conn.execute(&mark, &params), conn.batch_execute("COMMIT"));
+            marked?;
+            committed?;
+        } else {
+            conn.batch_execute("ROLLBACK").await?;
         }
-        tx.commit().await?;
+        tx.finish();
         Ok(Answer::Sent(result))
+    }
+}
+
+/// A pooled connection with a Write's transaction open on it. Unless [`WriteTx::finish`]ed
+/// (committed or rolled back), it is closed rather than given back to the pool, so that no
+/// connection ever goes back to the pool inside a transaction (a Write cut short by an error or
+/// a cancelled task).
+struct WriteTx(Option<deadpool_postgres::Client>);
+
+impl WriteTx {
+    fn conn(&self) -> &deadpool_postgres::Client {
+        self.0.as_ref().expect("taken only by finish and drop")
+    }
+
+    fn finish(mut self) {
+        // Back to the pool, the transaction over.
+        drop(self.0.take());
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(deadpool_postgres::Client::take(conn));
+        }
     }
 }
 

@@ -4,6 +4,7 @@ use crate::config::TableName;
 use crate::schema::render;
 use deadpool_postgres::{GenericClient, Pool};
 use std::time::SystemTime;
+use tokio_postgres::Statement;
 
 /// A row as claimed for delivery.
 #[derive(Debug)]
@@ -94,19 +95,17 @@ impl Store {
         &self.table
     }
 
-    /// Locks the rows of one Write within its transaction; returns the ids it got (a row
-    /// another session holds is skipped, not waited for).
-    pub async fn lock(
+    /// The statements of a Write's transaction, prepared on `client` (once per connection): lock
+    /// its rows (a row another session holds is skipped, not waited for; returns the ids
+    /// locked), and mark them delivered.
+    pub async fn write_statements(
         &self,
-        tx: &impl GenericClient,
-        ids: &[i64],
-    ) -> Result<Vec<i64>, tokio_postgres::Error> {
-        let stmt = tx.prepare_cached(&self.q.lock).await?;
-        tx.query(&stmt, &[&ids])
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect()
+        client: &deadpool_postgres::Client,
+    ) -> Result<(Statement, Statement), tokio_postgres::Error> {
+        Ok((
+            client.prepare_cached(&self.q.lock).await?,
+            client.prepare_cached(&self.q.mark_delivered).await?,
+        ))
     }
 
     /// Reads the page of pending rows after `after` (nothing locked).
