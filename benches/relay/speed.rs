@@ -108,8 +108,10 @@ impl Bench {
             .batch_execute(&rows_sql("ck", n, RowState::Pending))
             .await?;
         let mut relay = self.start_relay(&fga, &[]).await?;
+        // A quarter of the way in (20 Writes at most), when the window is full.
+        let enough = (n / 200).clamp(1, 20);
         let t = Instant::now();
-        while fga.write_count() < 20 && t.elapsed() < Duration::from_secs(30) {
+        while fga.write_count() < enough && t.elapsed() < Duration::from_secs(30) {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         relay.kill9();
