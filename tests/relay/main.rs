@@ -13,3 +13,4 @@ mod payloads;
 mod reconcile;
 mod security;
 mod settings;
+mod wait;
