@@ -14,3 +14,4 @@ mod reconcile;
 mod security;
 mod settings;
 mod wait;
+mod wait_bench;
