@@ -45,7 +45,11 @@ DECLARE
     lock_wait  boolean := current_setting('transaction_read_only') = 'off';
     first_nap  constant float8 := 0.001;
     max_nap    constant float8 := 0.016;
+    -- How long rows in flight are looked at every first_nap before queueing for their lock.
+    grace      constant interval := interval '10 ms';
     nap        float8 := first_nap;
+    in_flight  timestamptz;
+    fine       boolean;
     first      boolean := true;
     looked     boolean;
     quick      boolean := false;
@@ -96,7 +100,13 @@ BEGIN
               FROM fga_outbox
              WHERE id = ANY (wanted);
             looked := true;
-            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT quick THEN
+            IF locked IS NULL THEN
+                in_flight := NULL;
+            ELSIF in_flight IS NULL THEN
+                in_flight := clock_timestamp();
+            END IF;
+            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT quick
+               AND clock_timestamp() - in_flight >= grace THEN
                 -- Queue behind the transaction that holds them: the relay's delivery.
                 waited_at := clock_timestamp();
                 PERFORM 1 FROM fga_outbox WHERE id = ANY (locked) FOR KEY SHARE;
@@ -133,8 +143,13 @@ BEGIN
             nap := first_nap;
         ELSE
             quick := false;
-            PERFORM pg_sleep(least(nap, extract(epoch FROM deadline - clock_timestamp())));
-            nap := least(nap * 2, max_nap);
+            -- In flight: the relay's answer is due within milliseconds.
+            fine := locked IS NOT NULL AND clock_timestamp() - in_flight < grace;
+            PERFORM pg_sleep(least(CASE WHEN fine THEN first_nap ELSE nap END,
+                                   extract(epoch FROM deadline - clock_timestamp())));
+            IF NOT fine THEN
+                nap := least(nap * 2, max_nap);
+            END IF;
         END IF;
     END LOOP;
 END
