@@ -18,9 +18,11 @@
 --   with FOR KEY SHARE, so it wakes the moment the relay commits. The lock it then gets is
 --   dropped at once by rolling back the block that took it: the relay never finds it in its way
 --   (its claim skips locked rows), and a writer's INSERT never conflicts with it.
--- - While no one holds them (not yet claimed, or the relay is down or backing off), and in a
---   read-only transaction (a hot standby), which cannot lock rows, it sleeps 1 ms, doubling up
---   to 16 ms: a wait that times out costs at most about 60 looks a second.
+-- - While no one holds them (not yet claimed, or the relay is down, behind or backing off), and
+--   in a read-only transaction (a hot standby), which cannot lock rows, it sleeps 1 ms, doubling
+--   up to 256 ms: a relay that is up claims a new row within a millisecond or two, and a wait
+--   that lasts costs about 4 looks a second (a look costs 0.1-0.3 ms of CPU). In a backlog, it
+--   may notice its rows up to 256 ms after the relay marked them.
 -- Every look runs in a block that is rolled back, which also releases the table lock that the
 -- look took: a wait holds no lock while it sleeps, so DDL on the table (`fga-relay migrate`), and
 -- the writers queued behind it, are not held up by waiters.
@@ -44,12 +46,8 @@ DECLARE
     -- Row locks need a read-write transaction.
     lock_wait  boolean := current_setting('transaction_read_only') = 'off';
     first_nap  constant float8 := 0.001;
-    max_nap    constant float8 := 0.016;
-    -- How long rows in flight are looked at every first_nap before queueing for their lock.
-    grace      constant interval := interval '10 ms';
+    max_nap    constant float8 := 0.256;
     nap        float8 := first_nap;
-    in_flight  timestamptz;
-    fine       boolean;
     first      boolean := true;
     looked     boolean;
     quick      boolean := false;
@@ -100,13 +98,7 @@ BEGIN
               FROM fga_outbox
              WHERE id = ANY (wanted);
             looked := true;
-            IF locked IS NULL THEN
-                in_flight := NULL;
-            ELSIF in_flight IS NULL THEN
-                in_flight := clock_timestamp();
-            END IF;
-            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT quick
-               AND clock_timestamp() - in_flight >= grace THEN
+            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT quick THEN
                 -- Queue behind the transaction that holds them: the relay's delivery.
                 waited_at := clock_timestamp();
                 PERFORM 1 FROM fga_outbox WHERE id = ANY (locked) FOR KEY SHARE;
@@ -143,13 +135,8 @@ BEGIN
             nap := first_nap;
         ELSE
             quick := false;
-            -- In flight: the relay's answer is due within milliseconds.
-            fine := locked IS NOT NULL AND clock_timestamp() - in_flight < grace;
-            PERFORM pg_sleep(least(CASE WHEN fine THEN first_nap ELSE nap END,
-                                   extract(epoch FROM deadline - clock_timestamp())));
-            IF NOT fine THEN
-                nap := least(nap * 2, max_nap);
-            END IF;
+            PERFORM pg_sleep(least(nap, extract(epoch FROM deadline - clock_timestamp())));
+            nap := least(nap * 2, max_nap);
         END IF;
     END LOOP;
 END
