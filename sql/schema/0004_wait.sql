@@ -17,7 +17,9 @@
 --   the time of their Write and marks them in the same transaction), it queues for that row lock
 --   with FOR KEY SHARE, so it wakes the moment the relay commits. The lock it then gets is
 --   dropped at once by rolling back the block that took it: the relay never finds it in its way
---   (its claim skips locked rows), and a writer's INSERT never conflicts with it.
+--   (its claim skips locked rows), and a writer's INSERT never conflicts with it. Taking that
+--   lock gives the call a transaction id, so its commit writes (and flushes) a commit record.
+--   A row still pending after the relay's commit was held back: it sleeps before queueing again.
 -- - While no one holds them (not yet claimed, or the relay is down, behind or backing off), and
 --   in a read-only transaction (a hot standby), which cannot lock rows, it sleeps 1 ms, doubling
 --   up to 256 ms: a relay that is up claims a new row within a millisecond or two, and a wait
@@ -50,8 +52,8 @@ DECLARE
     nap        float8 := first_nap;
     first      boolean := true;
     looked     boolean;
-    quick      boolean := false;
-    waited_at  timestamptz;
+    waiting    boolean := false;
+    waited     boolean := false;
     found_n    bigint;
     pending_n  bigint;
     locked     bigint[];
@@ -78,7 +80,7 @@ BEGIN
 
     LOOP
         looked := false;
-        waited_at := NULL;
+        waiting := false;
         BEGIN
             PERFORM set_config('lock_timeout',
                 greatest(1, ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000))::text
@@ -98,9 +100,9 @@ BEGIN
               FROM fga_outbox
              WHERE id = ANY (wanted);
             looked := true;
-            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT quick THEN
+            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT waited THEN
                 -- Queue behind the transaction that holds them: the relay's delivery.
-                waited_at := clock_timestamp();
+                waiting := true;
                 PERFORM 1 FROM fga_outbox WHERE id = ANY (locked) FOR KEY SHARE;
             END IF;
             RAISE SQLSTATE 'FW000';
@@ -128,13 +130,10 @@ BEGIN
         IF clock_timestamp() >= deadline THEN
             RETURN 'pending';
         END IF;
-        IF waited_at IS NOT NULL THEN
-            -- Woken by the relay's commit: look again at once. If the lock was free already
-            -- (taken and released between the look and the lock), sleep before the next lock.
-            quick := clock_timestamp() - waited_at < interval '1 ms';
-            nap := first_nap;
-        ELSE
-            quick := false;
+        -- Woken by the relay's commit: look again at once. Rows still pending then were held,
+        -- not sent (a relay backing off claims them in every pass): sleep before the next lock.
+        waited := waiting;
+        IF NOT waited THEN
             PERFORM pg_sleep(least(nap, extract(epoch FROM deadline - clock_timestamp())));
             nap := least(nap * 2, max_nap);
         END IF;
