@@ -71,15 +71,13 @@ fn loadavg() -> String {
         .join(" ")
 }
 
-/// utime + stime of a process, in seconds.
+/// The time a process spent on a CPU, in seconds (`/proc/<pid>/schedstat`, in nanoseconds:
+/// `/proc/<pid>/stat` counts whole clock ticks, and a waiter uses less than one at a time).
 fn cpu_seconds(pid: u32) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = text.rfind(')').map_or("", |i| &text[i + 1..]);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    (ticks(11) + ticks(12)) as f64 / hz
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0.0, |ns| ns as f64 / 1e9)
 }
 
 /// The machine's busy and total time (all cores), in clock ticks.
@@ -248,8 +246,11 @@ impl Bench {
             pids.push(pid);
             // Once, so that the function is compiled and its statements planned before the clock.
             wait_for(&w, &[last - k], "0s").await.unwrap();
+            // Each task hands its connection back, so that its backend is still there to be
+            // measured.
             tasks.push(tokio::spawn(async move {
-                wait_for(&w, &[last - k], "300s").await.unwrap()
+                let answer = wait_for(&w, &[last - k], "300s").await.unwrap();
+                (answer, w)
             }));
         }
         while waiters > 0 && in_wait(&c).await < waiters as i64 {
@@ -273,10 +274,13 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let took = started.elapsed().as_secs_f64();
-        let cpu = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu0;
+        let mut sessions = Vec::new();
         for t in tasks {
-            assert_eq!(t.await.unwrap(), "delivered");
+            let (answer, w) = t.await.unwrap();
+            assert_eq!(answer, "delivered");
+            sessions.push(w);
         }
+        let cpu = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - cpu0;
         Bench::stop(relay).await;
         (took, cpu / took)
     }
@@ -403,18 +407,21 @@ impl Bench {
                         .unwrap()
                         .get(0);
                     w.batch_execute("COMMIT").await.unwrap();
-                    (answer, scans)
+                    (answer, scans, w)
                 })
             })
             .collect();
         let mut scans = 0;
+        let mut sessions = Vec::new();
         for t in tasks {
-            let (answer, n) = t.await.unwrap();
+            let (answer, n, w) = t.await.unwrap();
             assert_eq!(answer, "pending");
             scans += n;
+            sessions.push(w);
         }
         let took = started.elapsed().as_secs_f64();
         let used: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - before;
+        drop(sessions);
         if let Some(relay) = relay {
             self.env.fga.clear_faults();
             Bench::stop(relay).await;
