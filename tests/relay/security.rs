@@ -866,7 +866,10 @@ async fn the_writer_role_waits_for_its_rows() {
     assert!(env.fga.has("user:anne", "viewer", "document:1"));
     // Not granted to everyone: a role outside fga_outbox_writer may not call it.
     let owner = env.db.connect().await;
-    owner.batch_execute("CREATE ROLE other LOGIN").await.unwrap();
+    owner
+        .batch_execute("CREATE ROLE other LOGIN")
+        .await
+        .unwrap();
     all_denied(
         &connect_as(&env, "other").await,
         "a role that is not a writer",

@@ -29,7 +29,11 @@ fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
 }
 
 fn a_tuple(n: usize) -> serde_json::Value {
-    writes(&[tk(&format!("user:u{n}"), "viewer", &format!("document:{n}"))])
+    writes(&[tk(
+        &format!("user:u{n}"),
+        "viewer",
+        &format!("document:{n}"),
+    )])
 }
 
 /// The Writes take a while (the stand-in answers after 300 ms), so the rows are in flight when
@@ -152,7 +156,10 @@ async fn fifty_waiters_each_return_once_their_row_is_delivered() {
     for task in tasks {
         let (n, answer, there) = task.await.unwrap();
         assert_eq!(answer, "delivered", "waiter {n}");
-        assert!(there, "waiter {n} heard delivered before OpenFGA had its tuple");
+        assert!(
+            there,
+            "waiter {n} heard delivered before OpenFGA had its tuple"
+        );
     }
 }
 

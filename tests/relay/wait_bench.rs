@@ -182,8 +182,11 @@ impl Bench {
         let mut inserts = Vec::with_capacity(n);
         for i in 0..n {
             let t = Instant::now();
-            let id = insert_with(&c, writes(&[tk(&format!("user:l{i}"), "viewer", "document:l")]))
-                .await;
+            let id = insert_with(
+                &c,
+                writes(&[tk(&format!("user:l{i}"), "viewer", "document:l")]),
+            )
+            .await;
             inserts.push(t.elapsed().as_secs_f64() * 1000.0);
             let answer = wait_for(&c, &[id], "10s").await.unwrap();
             let returned = unix_now();
@@ -351,11 +354,7 @@ impl Bench {
             t.await.unwrap();
         }
         Bench::stop(relay).await;
-        (
-            (c1 - c0) as f64 / dt,
-            (w1 - w0) as f64 / dt,
-            cpu / dt,
-        )
+        ((c1 - c0) as f64 / dt, (w1 - w0) as f64 / dt, cpu / dt)
     }
 
     /// `waiters` waits for one row that time out after `secs`: with no relay running, or with
@@ -492,7 +491,9 @@ async fn wait_bench() {
     let only = std::env::var("WAIT_BENCH_ONLY").unwrap_or_default();
     let run = |what: &str| only.is_empty() || only.split(',').any(|w| w == what);
 
-    println!("\n== latency: relay's mark -> wait returns (3 rounds of 100 writes at 100/s, each waited for)");
+    println!(
+        "\n== latency: relay's mark -> wait returns (3 rounds of 100 writes at 100/s, each waited for)"
+    );
     for delay in [0u64, 5].into_iter().filter(|_| run("latency")) {
         b.env.fga.clear_faults();
         if delay > 0 {
@@ -562,8 +563,12 @@ async fn wait_bench() {
         );
     }
 
-    println!("\n== writers: 8 clients, 5 s, with 50 sessions each waiting for the newest row every 100 ms / without (3 rounds)");
-    let mut results: Vec<(&str, Vec<f64>, Vec<f64>, Vec<f64>)> = Vec::new();
+    println!(
+        "\n== writers: 8 clients, 5 s, with 50 sessions each waiting for the newest row every 100 ms / without (3 rounds)"
+    );
+    // Per candidate: tps ratios, waits a second, the waiters' CPU.
+    type Rounds = (&'static str, Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut results: Vec<Rounds> = Vec::new();
     let m0 = machine_ticks();
     for round in (0..3).filter(|_| run("writers")) {
         for name in rotated(round) {
@@ -595,9 +600,12 @@ async fn wait_bench() {
     }
 
     println!("\n== waits that time out after 5 s");
-    for (hang, what) in [(false, "relay down"), (true, "OpenFGA hanging, row in flight")]
-        .into_iter()
-        .filter(|_| run("timeouts"))
+    for (hang, what) in [
+        (false, "relay down"),
+        (true, "OpenFGA hanging, row in flight"),
+    ]
+    .into_iter()
+    .filter(|_| run("timeouts"))
     {
         for name in CANDIDATES {
             if !hang && name != "lock" {
