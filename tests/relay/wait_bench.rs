@@ -375,13 +375,7 @@ impl Bench {
         }
         let mut sessions = Vec::new();
         for _ in 0..waiters {
-            let w = self.env.db.connect().await;
-            let pid: i32 = w
-                .query_one("SELECT pg_backend_pid()", &[])
-                .await
-                .unwrap()
-                .get(0);
-            sessions.push((w, pid as u32));
+            sessions.push(self.session().await);
         }
         let pids: Vec<u32> = sessions.iter().map(|(_, p)| *p).collect();
         let before: f64 = pids.iter().map(|p| cpu_seconds(*p)).sum();
