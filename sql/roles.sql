@@ -55,6 +55,11 @@ $$;
 --     GRANT SELECT (id) ON fga_outbox TO fga_outbox_writer;
 GRANT INSERT (payload) ON fga_outbox TO fga_outbox_writer;
 
+-- Read your own writes: fga_outbox_wait(ids, timeout) runs as the table's owner (SECURITY
+-- DEFINER) and reports only on the rows it is given, so EXECUTE is all a writer needs; without
+-- SELECT (id), a writer learns its row's id with `SELECT lastval()` after a one-row INSERT.
+GRANT EXECUTE ON FUNCTION fga_outbox_wait(bigint[], interval) TO fga_outbox_writer;
+
 -- The relay (`run`, `drain`, `status`, `retry`): it reads rows (claims lock them FOR UPDATE,
 -- which needs UPDATE on some column) and updates only the delivery columns; it cannot change a
 -- row's payload, delete a row (no DELETE, no TRUNCATE) or alter the table (it is not the owner).

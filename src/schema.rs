@@ -21,6 +21,7 @@ pub const FILES: &[(&str, &str)] = &[
         "0003_leader.sql",
         include_str!("../sql/schema/0003_leader.sql"),
     ),
+    ("0004_wait.sql", include_str!("../sql/schema/0004_wait.sql")),
 ];
 
 /// The name the SQL files use for the table.
@@ -158,5 +159,6 @@ mod tests {
         assert!(sql.contains("acl_outbox_pending_idx"));
         assert!(sql.contains("pg_notify('acl_outbox', '')"));
         assert!(sql.contains("acl_outbox_leader"));
+        assert!(sql.contains("FUNCTION acl_outbox_wait(ids bigint[]"));
     }
 }

@@ -13,3 +13,5 @@ mod payloads;
 mod reconcile;
 mod security;
 mod settings;
+mod wait;
+mod wait_bench;
