@@ -21,7 +21,7 @@ pub const FILES: &[(&str, &str)] = &[
         "0003_leader.sql",
         include_str!("../sql/schema/0003_leader.sql"),
     ),
-    ("0004_wait.sql", include_str!("../sql/schema/0004_wait.sql")),
+    ("0005_wait.sql", include_str!("../sql/schema/0005_wait.sql")),
 ];
 
 /// The name the SQL files use for the table.

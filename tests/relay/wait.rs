@@ -1,4 +1,4 @@
-//! Read your own writes: `fga_outbox_wait(ids, timeout)` (sql/schema/0004_wait.sql) returns once
+//! Read your own writes: `fga_outbox_wait(ids, timeout)` (sql/schema/0005_wait.sql) returns once
 //! the rows are in OpenFGA, reports a dead row, returns at its timeout, and refuses to run where
 //! it could never see the relay's work.
 

@@ -5,7 +5,7 @@
 //!
 //! against a cluster of its own with production durability, the OpenFGA stand-in in-process and
 //! the release relay (`target/release/fga-relay`, else the test build). The candidates are the
-//! shipped function (sql/schema/0004_wait.sql) and two variants made from its text:
+//! shipped function (sql/schema/0005_wait.sql) and two variants made from its text:
 //! - `lock`, the shipped one: queues for the relay's row lock while the rows are in flight;
 //!   otherwise sleeps 1 ms doubling to 256 ms between looks.
 //! - `poll`: never locks; sleeps 1 ms doubling to 256 ms between looks, in flight or not.
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_postgres::Client;
 
-const WAIT_SQL: &str = include_str!("../../sql/schema/0004_wait.sql");
+const WAIT_SQL: &str = include_str!("../../sql/schema/0005_wait.sql");
 const CANDIDATES: [&str; 3] = ["lock", "poll", "poll-fine"];
 /// Not a candidate: looks again at once, without sleeping, for the floor of what any way of
 /// waiting can reach (the relay's own commit after its mark, one look, the reply).
@@ -31,7 +31,7 @@ const FLOOR: &str = "spin";
 fn candidate_sql(name: &str) -> String {
     let mut sql = WAIT_SQL.to_owned();
     let mut swap = |from: &str, to: &str| {
-        assert!(sql.contains(from), "0004_wait.sql no longer has {from:?}");
+        assert!(sql.contains(from), "0005_wait.sql no longer has {from:?}");
         sql = sql.replace(from, to);
     };
     let lock_wait = "lock_wait  boolean := current_setting('transaction_read_only') = 'off';";

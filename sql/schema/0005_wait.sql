@@ -1,4 +1,4 @@
--- fga-relay schema, part 4: read your own writes.
+-- fga-relay schema, part 5: read your own writes.
 --
 --     SELECT fga_outbox_wait(ARRAY[42, 43], interval '5 seconds');
 --
