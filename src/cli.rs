@@ -31,6 +31,7 @@ const DEFAULT_REQUEST_TIMEOUT: &str = "10s";
 const DEFAULT_MAX_TUPLES: &str = "100";
 const DEFAULT_SWEEP_INTERVAL: &str = "30s";
 const DEFAULT_HEARTBEAT_INTERVAL: &str = "5s";
+const DEFAULT_LEADER_LEASE: &str = "15s";
 const DEFAULT_MAX_ATTEMPTS: &str = "10";
 const DEFAULT_BATCH_SIZE: &str = "500";
 const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
@@ -198,6 +199,11 @@ pub struct DeliveryArgs {
     /// Check the dedicated connection this often; a silent connection is dead after two.
     #[arg(long, env = "FGA_RELAY_HEARTBEAT_INTERVAL", default_value = DEFAULT_HEARTBEAT_INTERVAL)]
     pub heartbeat_interval: String,
+    /// How long leadership lasts unrenewed (renewed every heartbeat): past it, the session
+    /// holding it is ended by another relay. At least three heartbeats, longer than the request
+    /// timeout.
+    #[arg(long, env = "FGA_RELAY_LEADER_LEASE", default_value = DEFAULT_LEADER_LEASE)]
+    pub leader_lease: String,
     /// Attempts, while other rows are delivered, after which a row failing transiently is
     /// dead-lettered.
     #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = DEFAULT_MAX_ATTEMPTS)]
@@ -337,6 +343,10 @@ impl DeliveryArgs {
             heartbeat_interval: config::parse_positive_duration(
                 "--heartbeat-interval (FGA_RELAY_HEARTBEAT_INTERVAL)",
                 or_default(&self.heartbeat_interval, DEFAULT_HEARTBEAT_INTERVAL),
+            )?,
+            leader_lease: config::parse_positive_duration(
+                "--leader-lease (FGA_RELAY_LEADER_LEASE)",
+                or_default(&self.leader_lease, DEFAULT_LEADER_LEASE),
             )?,
             max_attempts: config::parse_count(
                 "--max-attempts (FGA_RELAY_MAX_ATTEMPTS)",
@@ -642,6 +652,7 @@ pub async fn build_relay(
     command: &str,
     wait_for_db: Option<&CancellationToken>,
 ) -> Result<(Relay, Registry), Failure> {
+    delivery.check_timing(fga.request_timeout)?;
     let auth = match &fga.auth {
         Auth::None => "none",
         Auth::ApiToken(_) => "preshared key",
@@ -659,12 +670,14 @@ pub async fn build_relay(
         max_tuples_per_write = fga.max_tuples_per_write,
         sweep_interval = ?delivery.sweep_interval,
         heartbeat_interval = ?delivery.heartbeat_interval,
+        leader_lease = ?delivery.leader_lease,
         max_attempts = delivery.max_attempts,
         batch_size = delivery.batch_size,
         version = env!("CARGO_PKG_VERSION"),
         "fga-relay starting"
     );
-    let pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
+    let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
+    pg.idle_in_transaction = Some(crate::db::claim_idle_limit(fga.request_timeout));
     let store = Store::new(crate::db::pool(pg.clone(), 4), db.table.clone());
     let table = match wait_for_db {
         Some(shutdown) => wait_for_schema(&store, shutdown).await?,
@@ -695,6 +708,7 @@ pub async fn build_relay(
         table,
         identity: crate::relay::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
+        terms: Default::default(),
     };
     Ok((relay, registry))
 }

@@ -21,6 +21,10 @@ pub const FILES: &[(&str, &str)] = &[
         "0003_leader.sql",
         include_str!("../sql/schema/0003_leader.sql"),
     ),
+    (
+        "0004_lease.sql",
+        include_str!("../sql/schema/0004_lease.sql"),
+    ),
 ];
 
 /// The name the SQL files use for the table.
