@@ -199,9 +199,12 @@ impl Relay {
         Ok(session)
     }
 
-    /// Gives up on a session (lost): remembered, to be ended at the next connect.
+    /// Gives up on a session (lost): remembered, to be ended at the next connect. The pool's
+    /// idle connections go too: they share the session's path to the server and may be as
+    /// dead as it was, with nothing to tell (a silent path answers no heartbeat of theirs).
     fn abandon(&self, session: &Session) {
         *locked(&self.terms.abandoned) = Some(session.backend());
+        self.store.pool().retain(|_, _| false);
     }
 
     /// One pass, given up if the session is lost and the pass does not end within one Write's

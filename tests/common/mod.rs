@@ -4,5 +4,6 @@
 
 pub mod fga;
 pub mod pg;
+pub mod proxy;
 pub mod relay;
 pub mod tls;

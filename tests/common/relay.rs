@@ -26,10 +26,12 @@ impl Env {
     }
 
     pub async fn with_fga(fga: FakeFga) -> Env {
-        let env = Env {
-            db: TestDb::start(),
-            fga,
-        };
+        Env::with(TestDb::start(), fga).await
+    }
+
+    /// This database, migrated, and this stand-in.
+    pub async fn with(db: TestDb, fga: FakeFga) -> Env {
+        let env = Env { db, fga };
         let out = env.command(&["migrate"]).output().expect("run migrate");
         assert_success(&out, "fga-relay migrate");
         env

@@ -1,0 +1,298 @@
+//! Leadership and connections that heal themselves: a leader that is alive to PostgreSQL but
+//! does nothing (every connection frozen, or the process stopped) is replaced within the lease;
+//! a stopped leader that is continued sends nothing; every new leader waits until no Write of an
+//! earlier one can land, however the earlier one let go; server-side timeouts meant for
+//! applications do not break delivery; small liveness gaps (a writer's long transaction, rows
+//! another session holds, `retry`, `drain` failing) do not stall or spin.
+
+use crate::common::fga::{FakeFga, Fault, FaultRule, Op};
+use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
+use crate::common::proxy::FreezingProxy;
+use crate::common::relay::{
+    Env, RelayProc, deletes, insert_with, tk, wait_until, writes,
+};
+use std::time::{Duration, Instant};
+
+/// The issue's acceptance deadline for delivery after a leader stops working.
+const RECOVERY: Duration = Duration::from_secs(30);
+
+/// A cluster of our own that also listens on 127.0.0.1 (so that a proxy can sit in front).
+fn tcp_db(settings: &[(&str, &str)]) -> TestDb {
+    TestDb::start_with(PgOptions {
+        tcp: true,
+        hba: vec![
+            "local all all trust".to_owned(),
+            "host all all 127.0.0.1/32 trust".to_owned(),
+        ],
+        settings: settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..PgOptions::default()
+    })
+}
+
+fn tcp_url(port: u16) -> String {
+    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=disable")
+}
+
+async fn proxy_for(env: &Env) -> FreezingProxy {
+    let port = env.db.tcp_port().expect("the cluster listens on TCP");
+    FreezingProxy::start(([127, 0, 0, 1], port).into()).await
+}
+
+/// The Writes a relay sent, told apart by the preshared key it was given.
+fn writes_by(fga: &FakeFga, key: &str) -> Vec<crate::common::fga::WriteRecord> {
+    let bearer = format!("Bearer {key}");
+    fga.writes()
+        .into_iter()
+        .filter(|w| w.authorization.as_deref() == Some(bearer.as_str()))
+        .collect()
+}
+
+/// Every connection of a lone relay freezes (bytes stop both ways, nothing is closed): the
+/// relay notices, ends its old session (which still holds leadership on the server), leads
+/// again and delivers rows inserted after the freeze within 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_relay_whose_connections_all_freeze_delivers_again_within_30s() {
+    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let relay = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    let before = env
+        .insert(writes(&[tk("user:before", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(before).await;
+    let frozen = proxy.freeze_open_connections();
+    assert!(frozen >= 2, "the LISTEN connection and a pooled one");
+    let t0 = Instant::now();
+    let after = env
+        .insert(writes(&[tk("user:after", "viewer", "document:2")]))
+        .await;
+    wait_until(
+        RECOVERY,
+        "a row inserted after the freeze is delivered",
+        || async { env.row(after).await.delivered },
+    )
+    .await;
+    println!(
+        "delivered {:?} after every connection froze",
+        t0.elapsed()
+    );
+    assert!(env.fga.has("user:after", "viewer", "document:2"));
+}
+
+/// A leader stopped with SIGSTOP (its kernel keeps the TCP sessions, so PostgreSQL sees nothing
+/// wrong) in the middle of a page, with one standby: the standby ends the stopped leader's
+/// session once its lease has run out and delivers rows inserted after the stop within 30 s.
+/// Continued, the old leader sends no Write at all. With `freeze`, the old leader's database
+/// connections also go silent, so that on waking it cannot even see that it was replaced: only
+/// its own clock can stop it.
+async fn stopped_leader(freeze: bool) {
+    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let slow = 1_000_000;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(200)),
+        slow,
+    ));
+    let old = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_API_TOKEN", "old-leader"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ]);
+    old.wait_for_log("delivering (leader)").await;
+    let standby = env.spawn_relay(&[
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_API_TOKEN", "standby"),
+    ]);
+    standby.wait_for_log("standing by").await;
+    let client = env.db.connect().await;
+    let mut page = Vec::new();
+    for i in 0..30 {
+        page.push(
+            insert_with(
+                &client,
+                writes(&[tk(&format!("user:p{i}"), "viewer", "document:p")]),
+            )
+            .await,
+        );
+    }
+    wait_until(PROMPTLY, "the leader is in the middle of the page", || {
+        let n = writes_by(&env.fga, "old-leader").len();
+        async move { n >= 3 }
+    })
+    .await;
+    // SAFETY: signals to our own child process.
+    unsafe { libc::kill(old.pid() as i32, libc::SIGSTOP) };
+    if freeze {
+        proxy.freeze_open_connections();
+    }
+    let t0 = Instant::now();
+    env.fga.clear_faults();
+    let after = insert_with(
+        &client,
+        writes(&[tk("user:after", "viewer", "document:a")]),
+    )
+    .await;
+    wait_until(
+        RECOVERY,
+        "a row inserted after the leader stopped is delivered",
+        || async { env.row(after).await.delivered },
+    )
+    .await;
+    println!("delivered {:?} after the leader stopped", t0.elapsed());
+    wait_until(PROMPTLY, "the stopped leader's page is delivered", || async {
+        env.pending().await == 0
+    })
+    .await;
+    unsafe { libc::kill(old.pid() as i32, libc::SIGCONT) };
+    old.wait_for_log("standing by").await;
+    let last = env
+        .insert(writes(&[tk("user:last", "viewer", "document:a")]))
+        .await;
+    env.wait_delivered(last).await;
+    let late: Vec<_> = writes_by(&env.fga, "old-leader")
+        .into_iter()
+        .filter(|w| w.received_at > t0)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the replaced leader sent {} Write(s) after it was stopped: {:?}",
+        late.len(),
+        late.iter().map(|w| &w.body).collect::<Vec<_>>()
+    );
+    for id in page {
+        assert!(env.row(id).await.delivered);
+    }
+    drop(standby);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_is_replaced_within_30s_and_sends_nothing_once_continued() {
+    stopped_leader(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_cut_off_from_postgres_sends_nothing_once_continued() {
+    stopped_leader(true).await;
+}
+
+/// Short timings, so that the fence (request timeout + 1 s after the end of the lease) is a few
+/// seconds, and a Write that OpenFGA applies late (`LATE`, within the request timeout) lands well
+/// after a standby could take over without it.
+const FENCE_VARS: [(&str, &str); 3] = [
+    ("FGA_RELAY_REQUEST_TIMEOUT", "4s"),
+    ("FGA_RELAY_LEADER_LEASE", "5s"),
+    ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+];
+const LATE: Duration = Duration::from_millis(3800);
+
+/// What happens to the next leader between the old leader's death and its first Write.
+#[derive(Clone, Copy, PartialEq)]
+enum Meanwhile {
+    Nothing,
+    /// The next leader gets SIGTERM while it waits; a third relay takes over.
+    Sigterm,
+    /// The next leader's LISTEN session is ended while it waits; it takes leadership again.
+    SessionLost,
+}
+
+/// The stand-in applies the leader's Write of a tuple late; the leader is killed meanwhile,
+/// and a later row deletes that tuple. Whoever delivers the delete must send it after the late
+/// write landed: OpenFGA ends without the tuple.
+async fn late_write_then(meanwhile: Meanwhile) {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::once(Fault::Delay(LATE)));
+    let mut old = env.spawn_relay(&FENCE_VARS);
+    old.wait_for_log("delivering (leader)").await;
+    let mut next: Vec<RelayProc> = (0..if meanwhile == Meanwhile::Sigterm { 2 } else { 1 })
+        .map(|_| env.spawn_relay(&FENCE_VARS))
+        .collect();
+    for r in &next {
+        r.wait_for_log("standing by").await;
+    }
+    let client = env.db.connect().await;
+    insert_with(&client, writes(&[tk("user:late", "viewer", "document:f")])).await;
+    wait_until(PROMPTLY, "OpenFGA received the Write", || {
+        let n = env.fga.write_count();
+        async move { n >= 1 }
+    })
+    .await;
+    old.kill9();
+    let delete = insert_with(&client, deletes(&[tk("user:late", "viewer", "document:f")])).await;
+    match meanwhile {
+        Meanwhile::Nothing => {}
+        Meanwhile::Sigterm => {
+            let mut waiting = None;
+            wait_until(PROMPTLY, "a standby takes over and waits", || {
+                waiting = next
+                    .iter()
+                    .position(|r| r.logs().contains("did not let go cleanly"));
+                let found = waiting.is_some();
+                async move { found }
+            })
+            .await;
+            let mut stopped = next.remove(waiting.unwrap());
+            stopped.term();
+            stopped.wait_exit(PROMPTLY).await;
+        }
+        Meanwhile::SessionLost => {
+            next[0].wait_for_log("did not let go cleanly").await;
+            let admin = env.db.connect().await;
+            admin
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE application_name = 'fga-relay run listener'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            next[0].wait_for_log("LISTEN connection reconnected").await;
+        }
+    }
+    wait_until(Duration::from_secs(60), "the delete is delivered", || async {
+        env.row(delete).await.delivered
+    })
+    .await;
+    // The late Write lands LATE after it was received, whether anyone waits for it or not.
+    let received = env.fga.writes()[0].received_at;
+    wait_until(PROMPTLY, "the late Write has landed", || async {
+        Instant::now() > received + LATE + Duration::from_millis(200)
+    })
+    .await;
+    let changes: Vec<Op> = env
+        .fga
+        .changelog()
+        .into_iter()
+        .filter(|c| c.user == "user:late")
+        .map(|c| c.op)
+        .collect();
+    assert_eq!(
+        changes,
+        [Op::Write, Op::Delete],
+        "the delete must be applied after the late write"
+    );
+    assert!(!env.fga.has("user:late", "viewer", "document:f"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_applied_late_lands_before_the_next_leaders_operation_on_its_tuple() {
+    late_write_then(Meanwhile::Nothing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_leader_stopped_while_it_waits_leaves_the_wait_to_the_one_after() {
+    late_write_then(Meanwhile::Sigterm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_leader_that_loses_its_session_while_it_waits_still_waits() {
+    late_write_then(Meanwhile::SessionLost).await;
+}
