@@ -452,7 +452,10 @@ mod tests {
         };
         let e = short.check_timing(Duration::from_secs(2)).unwrap_err();
         assert!(e.to_string().contains("FGA_RELAY_LEADER_LEASE"), "{e}");
-        assert!(e.to_string().contains("FGA_RELAY_HEARTBEAT_INTERVAL"), "{e}");
+        assert!(
+            e.to_string().contains("FGA_RELAY_HEARTBEAT_INTERVAL"),
+            "{e}"
+        );
         let e = d.check_timing(Duration::from_secs(15)).unwrap_err();
         assert!(e.to_string().contains("FGA_RELAY_REQUEST_TIMEOUT"), "{e}");
     }

@@ -34,10 +34,12 @@ const LINGER_BELOW: u64 = 500;
 const RECONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// Retrying after a database error during a pass.
 const DB_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-/// Looking again while writers hold the wake lock (they are inserting now). Capped at a second:
-/// a writer's transaction may stay open for minutes, and the relay must not run a pass every
-/// few milliseconds for all that time (about 4 statements a second at the cap).
-const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(1));
+/// Looking again while writers hold the wake lock (they are inserting now, and skip NOTIFY).
+/// Quick at first, as writers' transactions are mostly short; capped at 2 s (1–2 s with jitter),
+/// because a writer's transaction may stay open for minutes and the relay must not run a pass
+/// every few milliseconds all that time: at the cap, a look (the lock, then a pass of three
+/// statements) costs about 3 statements a second. Rows committed meanwhile wait up to 2 s.
+const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(2));
 /// Looking again at rows another session holds: no notification announces that it let them go.
 const LOCKED_ROWS_POLL: Duration = Duration::from_millis(500);
 /// Trying the leadership lock again right after ending a stale leader's session.
@@ -188,7 +190,10 @@ impl Relay {
         if let Some(old) = abandoned {
             match session.end_session(old).await {
                 Ok(true) => {
-                    warn!(pid = old.pid, "ended this relay's previous session, still open on the server")
+                    warn!(
+                        pid = old.pid,
+                        "ended this relay's previous session, still open on the server"
+                    )
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -330,9 +335,12 @@ impl Relay {
                             next_try = AFTER_ENDING_LEADER;
                         }
                         Ok(Some((pid, false))) if !refused => {
-                            error!(pid, "the session holding leadership has let its lease run \
+                            error!(
+                                pid,
+                                "the session holding leadership has let its lease run \
                                 out, but PostgreSQL did not let this relay end it: give the \
-                                relays' roles pg_signal_backend (see `fga-relay sql --roles`)");
+                                relays' roles pg_signal_backend (see `fga-relay sql --roles`)"
+                            );
                             refused = true;
                         }
                         Ok(_) => {}
@@ -426,8 +434,7 @@ impl Relay {
         let mut spins = 0u32;
         // The previous pass delivered rows.
         let mut busy = false;
-        let keep_going =
-            || !shutdown.is_cancelled() && !session.is_lost() && session.lease_valid();
+        let keep_going = || !shutdown.is_cancelled() && !session.is_lost() && session.lease_valid();
         // The wake lock is still held after a wake-up: it is let go while the pass runs, not
         // before, so that the first claim does not wait for it.
         let mut holding_wake_lock = false;
@@ -712,7 +719,8 @@ impl Relay {
             if term.is_none() {
                 match s.try_lead().await.ok().flatten() {
                     Some(taken) => {
-                        let (t, waited) = self.begin_term(taken, &[shutdown, timer, s.lost()]).await;
+                        let (t, waited) =
+                            self.begin_term(taken, &[shutdown, timer, s.lost()]).await;
                         *term = Some(t);
                         if !waited {
                             continue;

@@ -9,7 +9,7 @@ use crate::common::fga::{FakeFga, Fault, FaultRule, Op};
 use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
 use crate::common::proxy::FreezingProxy;
 use crate::common::relay::{
-    Env, RelayProc, deletes, insert_with, tk, wait_until, writes,
+    Env, RelayProc, accepted_writes, deletes, insert_with, tk, wait_until, writes,
 };
 use std::time::{Duration, Instant};
 
@@ -79,10 +79,7 @@ async fn a_lone_relay_whose_connections_all_freeze_delivers_again_within_30s() {
         || async { env.row(after).await.delivered },
     )
     .await;
-    println!(
-        "delivered {:?} after every connection froze",
-        t0.elapsed()
-    );
+    println!("delivered {:?} after every connection froze", t0.elapsed());
     assert!(env.fga.has("user:after", "viewer", "document:2"));
 }
 
@@ -136,11 +133,7 @@ async fn stopped_leader(freeze: bool) {
     }
     let t0 = Instant::now();
     env.fga.clear_faults();
-    let after = insert_with(
-        &client,
-        writes(&[tk("user:after", "viewer", "document:a")]),
-    )
-    .await;
+    let after = insert_with(&client, writes(&[tk("user:after", "viewer", "document:a")])).await;
     wait_until(
         RECOVERY,
         "a row inserted after the leader stopped is delivered",
@@ -148,9 +141,11 @@ async fn stopped_leader(freeze: bool) {
     )
     .await;
     println!("delivered {:?} after the leader stopped", t0.elapsed());
-    wait_until(PROMPTLY, "the stopped leader's page is delivered", || async {
-        env.pending().await == 0
-    })
+    wait_until(
+        PROMPTLY,
+        "the stopped leader's page is delivered",
+        || async { env.pending().await == 0 },
+    )
     .await;
     unsafe { libc::kill(old.pid() as i32, libc::SIGCONT) };
     old.wait_for_log("standing by").await;
@@ -212,7 +207,11 @@ async fn late_write_then(meanwhile: Meanwhile) {
     env.fga.push_fault(FaultRule::once(Fault::Delay(LATE)));
     let mut old = env.spawn_relay(&FENCE_VARS);
     old.wait_for_log("delivering (leader)").await;
-    let mut next: Vec<RelayProc> = (0..if meanwhile == Meanwhile::Sigterm { 2 } else { 1 })
+    let mut next: Vec<RelayProc> = (0..if meanwhile == Meanwhile::Sigterm {
+        2
+    } else {
+        1
+    })
         .map(|_| env.spawn_relay(&FENCE_VARS))
         .collect();
     for r in &next {
@@ -257,9 +256,11 @@ async fn late_write_then(meanwhile: Meanwhile) {
             next[0].wait_for_log("LISTEN connection reconnected").await;
         }
     }
-    wait_until(Duration::from_secs(60), "the delete is delivered", || async {
-        env.row(delete).await.delivered
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the delete is delivered",
+        || async { env.row(delete).await.delivered },
+    )
     .await;
     // The late Write lands LATE after it was received, whether anyone waits for it or not.
     let received = env.fga.writes()[0].received_at;
@@ -295,4 +296,240 @@ async fn a_next_leader_stopped_while_it_waits_leaves_the_wait_to_the_one_after()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_next_leader_that_loses_its_session_while_it_waits_still_waits() {
     late_write_then(Meanwhile::SessionLost).await;
+}
+
+/// A server whose `idle_in_transaction_session_timeout` and `statement_timeout` are 1 s, and an
+/// OpenFGA that takes 1.5 s per Write: the page's claim transaction stays open across three
+/// such Writes, and each row is sent exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_timeouts_of_one_second_do_not_make_a_slow_page_be_sent_again() {
+    let db = TestDb::start_with(PgOptions {
+        settings: vec![
+            ("idle_in_transaction_session_timeout".into(), "1s".into()),
+            ("statement_timeout".into(), "1s".into()),
+        ],
+        ..PgOptions::default()
+    });
+    let env = Env::with(db, FakeFga::start()).await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(1500)),
+        3,
+    ));
+    let client = env.db.connect().await;
+    for i in 0..3 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:s{i}"), "viewer", "document:s")]),
+        )
+        .await;
+    }
+    let _relay = env.spawn_relay(&[("FGA_MAX_TUPLES_PER_WRITE", "1")]);
+    wait_until(
+        Duration::from_secs(30),
+        "every row is delivered",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    let sent = accepted_writes(&env.fga).len();
+    assert_eq!(sent, 3, "each row is sent once, none again");
+}
+
+/// How many statements the relay's sessions ran, from pg_stat_statements (the test's own
+/// statements mention pg_stat_statements and are left out).
+async fn relay_statements(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE query NOT LIKE '%pg_stat_statements%' \
+               AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A writer's transaction that inserted into the outbox holds the wake lock (shared) for as
+/// long as it stays open: the relay looks again every 1–2 s meanwhile, not every few
+/// milliseconds, and runs at most 5 statements a second. The row is delivered once the
+/// transaction commits. (`FGA_RELAY_TEST_WRITER_WINDOW=60` measures a whole minute from the
+/// writer's insert on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_writer_transaction_does_not_make_the_relay_spin() {
+    let window: u64 = std::env::var("FGA_RELAY_TEST_WRITER_WINDOW")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let db = TestDb::start_with(PgOptions {
+        settings: vec![(
+            "shared_preload_libraries".into(),
+            "pg_stat_statements".into(),
+        )],
+        ..PgOptions::default()
+    });
+    let env = Env::with(db, FakeFga::start()).await;
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .unwrap();
+    let _relay = env.start_relay().await;
+    // The writer inserts while the relay is busy (its Write is slow), so that the writer takes
+    // the wake lock shared and skips NOTIFY, and keeps it while its transaction stays open.
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(Duration::from_secs(1))));
+    let first = env
+        .insert(writes(&[tk("user:first", "viewer", "document:w")]))
+        .await;
+    wait_until(PROMPTLY, "the relay is busy", || {
+        let n = env.fga.write_count();
+        async move { n >= 1 }
+    })
+    .await;
+    let writer = env.db.connect().await;
+    writer.batch_execute("BEGIN").await.unwrap();
+    let id = insert_with(&writer, writes(&[tk("user:long", "viewer", "document:w")])).await;
+    let shared: i64 = writer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = 1718051121 AND mode = 'ShareLock' AND pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shared, 1, "the writer holds the wake lock shared");
+    env.wait_delivered(first).await;
+    // The relay backs off over its first few seconds of looking; a shorter window than the
+    // 60 s one measures the rate it settles at.
+    if window < 60 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let before = relay_statements(&admin).await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(window)).await;
+    let ran = relay_statements(&admin).await - before;
+    let rate = ran as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "{ran} statements in {:?} with a writer's transaction open: {rate:.2}/s",
+        started.elapsed()
+    );
+    writer.batch_execute("COMMIT").await.unwrap();
+    env.wait_delivered(id).await;
+    assert!(rate <= 5.0, "{rate:.2} statements/s");
+}
+
+/// `fga-relay retry` wakes the relay: the row it sends back is delivered at once, not at the
+/// next sweep (an hour away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_wakes_the_relay() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::once(Fault::status(
+        400,
+        "validation_error",
+        "refused once",
+    )));
+    let relay = env.start_relay().await;
+    let id = env
+        .insert(writes(&[tk("user:retried", "viewer", "document:r")]))
+        .await;
+    wait_until(PROMPTLY, "the row is dead", || async {
+        env.row(id).await.dead
+    })
+    .await;
+    relay.wait_for_log("row dead-lettered").await;
+    let out = env.command(&["retry", "--dead"]).output().unwrap();
+    crate::common::relay::assert_success(&out, "retry");
+    env.wait_delivered(id).await;
+}
+
+/// A row another session holds when the relay passes over it is looked at again soon: no
+/// notification says when it is let go, and it must not wait for the sweep (an hour away here),
+/// nor be counted as found by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_another_session_held_is_delivered_without_the_sweep() {
+    let env = Env::start().await;
+    let id = env
+        .insert(writes(&[tk("user:held", "viewer", "document:h")]))
+        .await;
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .unwrap();
+    let _relay = env.start_relay().await;
+    let admin = env.db.connect().await;
+    // The relay has passed over the row and gone to sleep: it holds the wake lock.
+    wait_until(PROMPTLY, "the relay sleeps", || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = 1718051121",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    assert!(!env.row(id).await.delivered);
+    holder.batch_execute("COMMIT").await.unwrap();
+    env.wait_delivered(id).await;
+}
+
+/// `drain` lets go of leadership when it fails (here: its pooled connection is ended while it
+/// delivers): the relay that comes next need not wait out a lease (30 s here) it did not need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_lets_go_of_leadership_when_it_fails() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(300)),
+        1_000_000,
+    ));
+    let client = env.db.connect().await;
+    for i in 0..40 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:d{i}"), "viewer", "document:d")]),
+        )
+        .await;
+    }
+    let lease = [
+        ("FGA_RELAY_LEADER_LEASE", "30s"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ];
+    let mut drain = env.command(&["drain", "--timeout", "60s"]);
+    drain.envs(lease).stderr(std::process::Stdio::piped());
+    let drain = drain.spawn().unwrap();
+    wait_until(PROMPTLY, "the drain delivers", || {
+        let n = env.fga.write_count();
+        async move { n >= 2 }
+    })
+    .await;
+    client
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'fga-relay drain'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let out = drain.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.fga.clear_faults();
+    let relay = env.spawn_relay(&lease);
+    relay.wait_for_log("delivering (leader)").await;
+    env.wait_drained().await;
+    assert!(
+        !relay.logs().contains("did not let go cleanly"),
+        "{}",
+        relay.logs()
+    );
 }

@@ -9,6 +9,38 @@ fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The heartbeat, the lease and the request timeout must make the fence sound together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timings_that_cannot_make_the_fence_sound_exit_2_naming_them() {
+    let env = Env::start().await;
+    for (vars, named) in [
+        (
+            [
+                ("FGA_RELAY_HEARTBEAT_INTERVAL", "10s"),
+                ("FGA_RELAY_LEADER_LEASE", "15s"),
+            ],
+            ["FGA_RELAY_HEARTBEAT_INTERVAL", "FGA_RELAY_LEADER_LEASE"],
+        ),
+        (
+            [
+                ("FGA_RELAY_REQUEST_TIMEOUT", "20s"),
+                ("FGA_RELAY_LEADER_LEASE", "15s"),
+            ],
+            ["FGA_RELAY_REQUEST_TIMEOUT", "FGA_RELAY_LEADER_LEASE"],
+        ),
+    ] {
+        for command in ["run", "drain"] {
+            let out = env.command(&[command]).envs(vars).output().unwrap();
+            let err = stderr_of(&out);
+            assert_eq!(out.status.code(), Some(2), "{command} {vars:?}: {err}");
+            for n in named {
+                assert!(err.contains(n), "{command} {vars:?} names {n}: {err}");
+            }
+            assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_settings_exit_2_naming_the_setting() {
     let env = Env::start().await;
