@@ -30,7 +30,18 @@ async fn timings_that_cannot_make_the_fence_sound_exit_2_naming_them() {
         ),
     ] {
         for command in ["run", "drain"] {
-            let out = env.command(&[command]).envs(vars).output().unwrap();
+            let mut c = env.command(&[command]);
+            c.envs(vars)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped());
+            let mut child = c.spawn().unwrap();
+            // A relay that accepted these timings would run on: stop it and fail.
+            let deadline = std::time::Instant::now() + crate::common::pg::PROMPTLY;
+            while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
             let err = stderr_of(&out);
             assert_eq!(out.status.code(), Some(2), "{command} {vars:?}: {err}");
             for n in named {
