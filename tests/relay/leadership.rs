@@ -533,3 +533,45 @@ async fn drain_lets_go_of_leadership_when_it_fails() {
         relay.logs()
     );
 }
+
+/// One Write call, the OIDC token fetch included, runs under one request timeout: a token that
+/// takes 1.5 s and a Write that takes 1.5 s more (each within the 2 s request timeout) make an
+/// attempt that timed out, recorded on the row, not one Write call of 3 s, which a new leader's
+/// fence could not count on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_call_with_its_token_fetch_runs_under_one_deadline() {
+    const SLOW: Duration = Duration::from_millis(1500);
+    // Tokens live 1 s: the relay fetches a new one for every Write.
+    let app = axum::Router::new().route(
+        "/oauth/token",
+        axum::routing::post(|| async {
+            tokio::time::sleep(SLOW).await;
+            axum::Json(serde_json::json!({"access_token": "token", "expires_in": 1}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let env = Env::with_fga(FakeFga::builder().accept_bearer(|t| t == "token").start()).await;
+    let relay = env.spawn_relay(&[
+        ("FGA_CLIENT_ID", "relay"),
+        ("FGA_CLIENT_SECRET", "secret"),
+        ("FGA_API_TOKEN_ISSUER", issuer.as_str()),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    env.fga.push_fault(FaultRule::once(Fault::Delay(SLOW)));
+    let id = env
+        .insert(writes(&[tk("user:deadline", "viewer", "document:t")]))
+        .await;
+    wait_until(Duration::from_secs(30), "the row is delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    let row = env.row(id).await;
+    assert_eq!(row.attempts, 1, "{row:?}");
+    assert!(
+        row.last_error.unwrap_or_default().contains("timed out"),
+        "the first attempt ran out of time"
+    );
+    server.abort();
+}
