@@ -72,17 +72,16 @@ impl Lease {
         }
     }
 
+    /// The lease and the fence, in seconds, as the statements take them.
+    fn seconds(&self) -> (f64, f64) {
+        (self.lease.as_secs_f64(), self.fence.as_secs_f64())
+    }
+
     /// Records this relay as the leader, on the session that just took the lock.
     pub async fn take(&self, client: &Client) -> Result<Taken, tokio_postgres::Error> {
+        let (lease, fence) = self.seconds();
         let row = client
-            .query_one(
-                &self.take,
-                &[
-                    &self.holder,
-                    &self.lease.as_secs_f64(),
-                    &self.fence.as_secs_f64(),
-                ],
-            )
+            .query_one(&self.take, &[&self.holder, &lease, &fence])
             .await?;
         let wait: f64 = row.try_get("wait_seconds")?;
         Ok(Taken {
@@ -95,15 +94,9 @@ impl Lease {
 
     /// Renews the lease; false when another relay has taken over.
     pub async fn renew(&self, client: &Client) -> Result<bool, tokio_postgres::Error> {
+        let (lease, fence) = self.seconds();
         let n = client
-            .execute(
-                &self.renew,
-                &[
-                    &self.holder,
-                    &self.lease.as_secs_f64(),
-                    &self.fence.as_secs_f64(),
-                ],
-            )
+            .execute(&self.renew, &[&self.holder, &lease, &fence])
             .await?;
         Ok(n == 1)
     }

@@ -9,10 +9,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+type Hello = Arc<Mutex<Vec<u8>>>;
+/// Per connection: its freeze switch, and the first bytes its client sent.
+type Switches = Arc<Mutex<Vec<(watch::Sender<bool>, Hello)>>>;
+
 pub struct FreezingProxy {
     addr: SocketAddr,
-    /// One switch per connection made so far.
-    switches: Arc<Mutex<Vec<watch::Sender<bool>>>>,
+    /// Per connection made so far: its freeze switch, and the first bytes the client sent (for
+    /// PostgreSQL without TLS, the startup message, which names the `application_name`).
+    switches: Switches,
     tasks: Arc<Mutex<JoinSet<()>>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -24,7 +29,7 @@ impl FreezingProxy {
             .await
             .expect("bind the proxy");
         let addr = listener.local_addr().expect("the proxy's address");
-        let switches: Arc<Mutex<Vec<watch::Sender<bool>>>> = Arc::default();
+        let switches: Switches = Arc::default();
         let tasks: Arc<Mutex<JoinSet<()>>> = Arc::default();
         let accept = {
             let (switches, tasks) = (switches.clone(), tasks.clone());
@@ -34,12 +39,13 @@ impl FreezingProxy {
                         continue;
                     };
                     let (tx, rx) = watch::channel(false);
-                    switches.lock().unwrap().push(tx);
+                    let hello = Hello::default();
+                    switches.lock().unwrap().push((tx, hello.clone()));
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     let mut tasks = tasks.lock().unwrap();
-                    tasks.spawn(pump(cr, sw, rx.clone()));
-                    tasks.spawn(pump(sr, cw, rx));
+                    tasks.spawn(pump(cr, sw, rx.clone(), Some(hello)));
+                    tasks.spawn(pump(sr, cw, rx, None));
                 }
             })
         };
@@ -58,11 +64,25 @@ impl FreezingProxy {
     /// Freezes every connection open now: no byte passes either way from here on, and both
     /// sockets stay open (until the proxy is dropped).
     pub fn freeze_open_connections(&self) -> usize {
+        self.freeze_where(|_| true)
+    }
+
+    /// Freezes the connections open now whose client's first bytes contain `needle` (e.g. an
+    /// `application_name`); returns how many.
+    pub fn freeze_named(&self, needle: &str) -> usize {
+        self.freeze_where(|hello| hello.windows(needle.len()).any(|w| w == needle.as_bytes()))
+    }
+
+    fn freeze_where(&self, pick: impl Fn(&[u8]) -> bool) -> usize {
         let switches = self.switches.lock().unwrap();
-        for s in switches.iter() {
-            let _ = s.send(true);
+        let mut n = 0;
+        for (switch, hello) in switches.iter() {
+            if pick(&hello.lock().unwrap()) {
+                let _ = switch.send(true);
+                n += 1;
+            }
         }
-        switches.len()
+        n
     }
 }
 
@@ -71,6 +91,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
+    hello: Option<Hello>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -89,6 +110,12 @@ async fn pump(
             // Hold both halves open, forwarding nothing.
             let _keep = (from, to);
             return std::future::pending().await;
+        }
+        if let Some(h) = &hello {
+            let mut h = h.lock().unwrap();
+            if h.is_empty() {
+                h.extend_from_slice(&buf[..n]);
+            }
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

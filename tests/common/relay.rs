@@ -47,6 +47,9 @@ impl Env {
             ("FGA_STORE_ID", super::fga::STORE_ID.to_owned()),
             ("FGA_RELAY_SWEEP_INTERVAL", "1h".to_owned()),
             ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s".to_owned()),
+            // A short lease, so that a new leader after a crash waits seconds, not half a
+            // minute, for the dead one's Writes ("not before": lease + request timeout + 1 s).
+            ("FGA_RELAY_LEADER_LEASE", "4s".to_owned()),
             ("FGA_RELAY_REQUEST_TIMEOUT", "2s".to_owned()),
             ("FGA_RELAY_HTTP_ADDR", "off".to_owned()),
             ("RUST_LOG", "info,fga_relay=debug".to_owned()),

@@ -41,6 +41,28 @@ async fn proxy_for(env: &Env) -> FreezingProxy {
     FreezingProxy::start(([127, 0, 0, 1], port).into()).await
 }
 
+/// Ends every session whose `application_name` is `name`, as an administrator would.
+async fn end_sessions(env: &Env, name: &str) {
+    env.db
+        .connect()
+        .await
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until OpenFGA has received at least `n` Writes, whatever became of them.
+async fn wait_for_writes(fga: &FakeFga, n: usize, what: &str) {
+    wait_until(PROMPTLY, what, || {
+        let got = fga.write_count();
+        async move { got >= n }
+    })
+    .await;
+}
+
 /// The Writes a relay sent, told apart by the preshared key it was given.
 fn writes_by(fga: &FakeFga, key: &str) -> Vec<crate::common::fga::WriteRecord> {
     let bearer = format!("Bearer {key}");
@@ -61,6 +83,7 @@ async fn a_lone_relay_whose_connections_all_freeze_delivers_again_within_30s() {
     let relay = env.spawn_relay(&[
         ("DATABASE_URL", url.as_str()),
         ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_RELAY_LEADER_LEASE", "15s"),
     ]);
     relay.wait_for_log("delivering (leader)").await;
     let before = env
@@ -101,12 +124,14 @@ async fn stopped_leader(freeze: bool) {
     let old = env.spawn_relay(&[
         ("DATABASE_URL", url.as_str()),
         ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_RELAY_LEADER_LEASE", "15s"),
         ("FGA_API_TOKEN", "old-leader"),
         ("FGA_MAX_TUPLES_PER_WRITE", "1"),
     ]);
     old.wait_for_log("delivering (leader)").await;
     let standby = env.spawn_relay(&[
         ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_RELAY_LEADER_LEASE", "15s"),
         ("FGA_API_TOKEN", "standby"),
     ]);
     standby.wait_for_log("standing by").await;
@@ -219,11 +244,7 @@ async fn late_write_then(meanwhile: Meanwhile) {
     }
     let client = env.db.connect().await;
     insert_with(&client, writes(&[tk("user:late", "viewer", "document:f")])).await;
-    wait_until(PROMPTLY, "OpenFGA received the Write", || {
-        let n = env.fga.write_count();
-        async move { n >= 1 }
-    })
-    .await;
+    wait_for_writes(&env.fga, 1, "OpenFGA received the Write").await;
     old.kill9();
     let delete = insert_with(&client, deletes(&[tk("user:late", "viewer", "document:f")])).await;
     match meanwhile {
@@ -244,15 +265,7 @@ async fn late_write_then(meanwhile: Meanwhile) {
         }
         Meanwhile::SessionLost => {
             next[0].wait_for_log("did not let go cleanly").await;
-            let admin = env.db.connect().await;
-            admin
-                .execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                     WHERE application_name = 'fga-relay run listener'",
-                    &[],
-                )
-                .await
-                .unwrap();
+            end_sessions(&env, "fga-relay run listener").await;
             next[0].wait_for_log("LISTEN connection reconnected").await;
         }
     }
@@ -381,11 +394,7 @@ async fn a_long_writer_transaction_does_not_make_the_relay_spin() {
     let first = env
         .insert(writes(&[tk("user:first", "viewer", "document:w")]))
         .await;
-    wait_until(PROMPTLY, "the relay is busy", || {
-        let n = env.fga.write_count();
-        async move { n >= 1 }
-    })
-    .await;
+    wait_for_writes(&env.fga, 1, "the relay is busy").await;
     let writer = env.db.connect().await;
     writer.batch_execute("BEGIN").await.unwrap();
     let id = insert_with(&writer, writes(&[tk("user:long", "viewer", "document:w")])).await;
@@ -503,19 +512,8 @@ async fn drain_lets_go_of_leadership_when_it_fails() {
     let mut drain = env.command(&["drain", "--timeout", "60s"]);
     drain.envs(lease).stderr(std::process::Stdio::piped());
     let drain = drain.spawn().unwrap();
-    wait_until(PROMPTLY, "the drain delivers", || {
-        let n = env.fga.write_count();
-        async move { n >= 2 }
-    })
-    .await;
-    client
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE application_name = 'fga-relay drain'",
-            &[],
-        )
-        .await
-        .unwrap();
+    wait_for_writes(&env.fga, 2, "the drain delivers").await;
+    end_sessions(&env, "fga-relay drain").await;
     let out = drain.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -574,4 +572,86 @@ async fn a_write_call_with_its_token_fetch_runs_under_one_deadline() {
         "the first attempt ran out of time"
     );
     server.abort();
+}
+
+/// A leader stopped (SIGSTOP) whose LISTEN connection also went silent, while its pooled
+/// connections and OpenFGA still work. A standby replaces it once its lease has run out.
+/// Continued, the old leader finds work at once (rows nobody has claimed), and nothing yet tells
+/// it that its session is gone (its heartbeat waits a whole interval for an answer): only its
+/// own clock, which says its lease ran out, keeps it from sending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_it_was_replaced() {
+    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let timings = [
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+        ("FGA_RELAY_LEADER_LEASE", "3s"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ];
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(300)),
+        1_000_000,
+    ));
+    let old = env.spawn_relay(
+        &[
+            &timings[..],
+            &[
+                ("DATABASE_URL", url.as_str()),
+                ("FGA_API_TOKEN", "old-leader"),
+            ],
+        ]
+        .concat(),
+    );
+    old.wait_for_log("delivering (leader)").await;
+    let standby = env.spawn_relay(&[&timings[..], &[("FGA_API_TOKEN", "standby")]].concat());
+    standby.wait_for_log("standing by").await;
+    let client = env.db.connect().await;
+    let insert = |prefix: &'static str, n: usize| {
+        let client = &client;
+        async move {
+            for i in 0..n {
+                let t = tk(&format!("user:{prefix}{i}"), "viewer", "document:c");
+                insert_with(client, writes(&[t])).await;
+            }
+        }
+    };
+    insert("p", 20).await;
+    wait_until(PROMPTLY, "the leader is in the middle of the page", || {
+        let n = writes_by(&env.fga, "old-leader").len();
+        async move { n >= 3 }
+    })
+    .await;
+    // SAFETY: signals to our own child process.
+    unsafe { libc::kill(old.pid() as i32, libc::SIGSTOP) };
+    assert_eq!(proxy.freeze_named("fga-relay run listener"), 1);
+    let t0 = Instant::now();
+    wait_until(
+        RECOVERY,
+        "the standby delivers the stopped leader's page",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    // Keep the standby busy with a page of its own, then add rows nobody has claimed.
+    insert("b", 10).await;
+    let busy = writes_by(&env.fga, "standby").len() + 1;
+    wait_until(PROMPTLY, "the standby is in the middle of a page", || {
+        let n = writes_by(&env.fga, "standby").len();
+        async move { n >= busy }
+    })
+    .await;
+    insert("q", 10).await;
+    unsafe { libc::kill(old.pid() as i32, libc::SIGCONT) };
+    old.wait_for_log("standing by").await;
+    env.wait_drained().await;
+    let late: Vec<_> = writes_by(&env.fga, "old-leader")
+        .into_iter()
+        .filter(|w| w.received_at > t0)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the replaced leader sent {} Write(s) once continued: {:?}",
+        late.len(),
+        late.iter().map(|w| &w.body).collect::<Vec<_>>()
+    );
 }
