@@ -63,6 +63,35 @@ async fn wait_for_writes(fga: &FakeFga, n: usize, what: &str) {
     .await;
 }
 
+/// Asserts that the relay given preshared key `key` sent no Write received after `since`.
+fn assert_sent_nothing_after(fga: &FakeFga, key: &str, since: Instant) {
+    let late: Vec<_> = writes_by(fga, key)
+        .into_iter()
+        .filter(|w| w.received_at > since)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the replaced leader sent {} Write(s) after it was stopped: {:?}",
+        late.len(),
+        late.iter().map(|w| &w.body).collect::<Vec<_>>()
+    );
+}
+
+/// Waits until the relay given preshared key `key` has sent `n` Writes, then stops it (SIGSTOP).
+async fn stop_after_writes(fga: &FakeFga, relay: &RelayProc, key: &str, n: usize) {
+    wait_until(PROMPTLY, "the leader is in the middle of the page", || {
+        let sent = writes_by(fga, key).len();
+        async move { sent >= n }
+    })
+    .await;
+    signal(relay, libc::SIGSTOP);
+}
+
+fn signal(relay: &RelayProc, sig: i32) {
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(relay.pid() as i32, sig) };
+}
+
 /// The Writes a relay sent, told apart by the preshared key it was given.
 fn writes_by(fga: &FakeFga, key: &str) -> Vec<crate::common::fga::WriteRecord> {
     let bearer = format!("Bearer {key}");
@@ -146,13 +175,7 @@ async fn stopped_leader(freeze: bool) {
             .await,
         );
     }
-    wait_until(PROMPTLY, "the leader is in the middle of the page", || {
-        let n = writes_by(&env.fga, "old-leader").len();
-        async move { n >= 3 }
-    })
-    .await;
-    // SAFETY: signals to our own child process.
-    unsafe { libc::kill(old.pid() as i32, libc::SIGSTOP) };
+    stop_after_writes(&env.fga, &old, "old-leader", 3).await;
     if freeze {
         proxy.freeze_open_connections();
     }
@@ -172,22 +195,13 @@ async fn stopped_leader(freeze: bool) {
         || async { env.pending().await == 0 },
     )
     .await;
-    unsafe { libc::kill(old.pid() as i32, libc::SIGCONT) };
+    signal(&old, libc::SIGCONT);
     old.wait_for_log("standing by").await;
     let last = env
         .insert(writes(&[tk("user:last", "viewer", "document:a")]))
         .await;
     env.wait_delivered(last).await;
-    let late: Vec<_> = writes_by(&env.fga, "old-leader")
-        .into_iter()
-        .filter(|w| w.received_at > t0)
-        .collect();
-    assert!(
-        late.is_empty(),
-        "the replaced leader sent {} Write(s) after it was stopped: {:?}",
-        late.len(),
-        late.iter().map(|w| &w.body).collect::<Vec<_>>()
-    );
+    assert_sent_nothing_after(&env.fga, "old-leader", t0);
     for id in page {
         assert!(env.row(id).await.delivered);
     }
@@ -617,13 +631,7 @@ async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_i
         }
     };
     insert("p", 20).await;
-    wait_until(PROMPTLY, "the leader is in the middle of the page", || {
-        let n = writes_by(&env.fga, "old-leader").len();
-        async move { n >= 3 }
-    })
-    .await;
-    // SAFETY: signals to our own child process.
-    unsafe { libc::kill(old.pid() as i32, libc::SIGSTOP) };
+    stop_after_writes(&env.fga, &old, "old-leader", 3).await;
     assert_eq!(proxy.freeze_named("fga-relay run listener"), 1);
     let t0 = Instant::now();
     wait_until(
@@ -641,17 +649,8 @@ async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_i
     })
     .await;
     insert("q", 10).await;
-    unsafe { libc::kill(old.pid() as i32, libc::SIGCONT) };
+    signal(&old, libc::SIGCONT);
     old.wait_for_log("standing by").await;
     env.wait_drained().await;
-    let late: Vec<_> = writes_by(&env.fga, "old-leader")
-        .into_iter()
-        .filter(|w| w.received_at > t0)
-        .collect();
-    assert!(
-        late.is_empty(),
-        "the replaced leader sent {} Write(s) once continued: {:?}",
-        late.len(),
-        late.iter().map(|w| &w.body).collect::<Vec<_>>()
-    );
+    assert_sent_nothing_after(&env.fga, "old-leader", t0);
 }
