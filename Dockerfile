@@ -13,9 +13,9 @@
 # the build keeps cargo's registry and target directory in cache mounts, so a rebuild after a
 # source change recompiles fga-relay alone, not its dependencies.
 
-# The toolchain matches the project's (Cargo.toml: edition 2024, rust-version 1.85); the build
-# and runtime stages are on the same Debian release, so the binary finds the glibc it was linked
-# against.
+# The toolchain is the one the project is tested with (Cargo.toml's rust-version, 1.88, is only
+# the oldest that builds it); the build and runtime stages are on the same Debian release, so the
+# binary finds the glibc it was linked against.
 ARG RUST_VERSION=1.95.0
 ARG DEBIAN_RELEASE=bookworm
 

@@ -1,7 +1,7 @@
 //! Settings: what the command line and the environment say, validated once.
 //!
-//! clap only collects raw strings (see `cli.rs`); everything is checked here so that a bad setting
-//! produces one line that names both the flag and the environment variable.
+//! clap only collects raw strings (see `settings/`); they are checked with what is here, so that a
+//! bad setting produces one line that names both the flag and the environment variable.
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -283,9 +283,12 @@ impl Deliverer {
                 .collect();
             let started = Instant::now();
             let result = self.client.write(&ops).await;
+            let outcome = match &result {
+                Ok(()) => "ok",
+                Err(e) => e.class().as_str(),
+            };
             self.metrics
-                .request_duration_seconds
-                .observe(started.elapsed().as_secs_f64());
+                .request(outcome, started.elapsed().as_secs_f64());
             self.metrics.writes_sent.inc();
             report.writes += 1;
             let n_ops = ops.len();

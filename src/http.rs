@@ -95,12 +95,12 @@ async fn handle(endpoint: &Endpoint, req: Request<Incoming>) -> Response<Full<By
         }
         "/metrics" => {
             match endpoint.store.status_pending().await {
-                Ok((pending, age)) => {
-                    endpoint.metrics.pending_rows.set(pending);
-                    endpoint
-                        .metrics
-                        .oldest_pending_age_seconds
-                        .set(age.unwrap_or(0.0));
+                Ok(now) => {
+                    let m = &endpoint.metrics;
+                    m.pending_rows.set(now.pending);
+                    m.dead_rows.set(now.dead);
+                    m.oldest_pending_age_seconds
+                        .set(now.oldest_pending_age_seconds.unwrap_or(0.0));
                 }
                 Err(e) => debug!(error = %e, "metrics: cannot count pending rows"),
             }

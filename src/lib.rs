@@ -2,9 +2,14 @@
 //! in order per tuple, keeping delivered rows as evidence.
 //!
 //! # Map
+//! Arrows point one way: `cli` → `commands` → the rest; nothing imports the command line back.
+//! - [`cli`]: parses the command line and dispatches to a command.
+//! - [`commands`]: one file per command (`migrate`, `sql`, `run`, `drain`, `status`, `retry`,
+//!   `prune`, `reconcile`), each with its own flags; what they open before working
+//!   (`commands::open`), and how they fail (`commands::Failure`, the exit status).
+//! - [`settings`]: the flags several commands share (where the outbox is, how to reach OpenFGA,
+//!   how delivery behaves), checked into [`config`]'s settings.
 //! - [`config`]: settings, validated once; secrets that never reach a log line.
-//! - [`cli`]: the command line and the commands (`migrate`, `sql`, `run`, `drain`, `status`,
-//!   `retry`, `prune`, `reconcile`).
 //! - [`schema`]: the SQL of `sql/schema/`, embedded, and `migrate`.
 //! - [`store`]: every statement against the outbox, from `sql/queries/`.
 //! - [`db`]: connections: the pool, the dedicated connection's settings, and TLS as libpq
@@ -16,13 +21,17 @@
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
 //! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence.
 //! - [`relay`]: the `run` and `drain` loops around delivery passes.
-//! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the outbox.
+//! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the
+//!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
+//!   comparison (`compare`), the report (`report`), progress and peak memory (`progress`), and
+//!   what it is asked to do (`settings`).
 //! - [`metrics`], [`http`]: Prometheus metrics and the `/healthz` + `/metrics` endpoint.
 //! - [`systemd`]: readiness and watchdog under `Type=notify`.
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares.
 
 pub mod backoff;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod db;
 pub mod delivery;
@@ -35,6 +44,7 @@ pub mod payload;
 pub mod reconcile;
 pub mod relay;
 pub mod schema;
+pub mod settings;
 pub mod shutdown;
 pub mod store;
 pub mod systemd;

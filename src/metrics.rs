@@ -17,6 +17,25 @@ pub struct ClassLabel {
     pub class: &'static str,
 }
 
+/// The `outcome` label of OpenFGA request durations: `ok`, or the failure class.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+/// The `version` label of `fga_relay_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    pub version: &'static str,
+}
+
+/// Buckets of the request-duration histogram: 0.5 ms to about 65 s, so that requests cut off by
+/// `--request-timeout` (10 s by default, up to a minute in practice) land in a bucket of their own
+/// rather than all in `+Inf`.
+fn request_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0005, 2.0, 18)
+}
+
 /// Every metric the relay exports. Cloning shares the same series.
 #[derive(Clone)]
 pub struct Metrics {
@@ -26,6 +45,7 @@ pub struct Metrics {
     pub failed_attempts: Family<ClassLabel, Counter>,
     pub rows_dead_lettered: Counter,
     pub pending_rows: Gauge,
+    pub dead_rows: Gauge,
     pub oldest_pending_age_seconds: Gauge<f64, AtomicU64>,
     pub listen_connected: Gauge,
     pub leader: Gauge,
@@ -33,7 +53,7 @@ pub struct Metrics {
     pub sweep_found_rows: Counter,
     pub notifications: Counter,
     pub delivery_latency_seconds: Histogram,
-    pub request_duration_seconds: Histogram,
+    pub request_duration_seconds: Family<OutcomeLabel, Histogram>,
 }
 
 impl Metrics {
@@ -46,6 +66,7 @@ impl Metrics {
             failed_attempts: Family::default(),
             rows_dead_lettered: Counter::default(),
             pending_rows: Gauge::default(),
+            dead_rows: Gauge::default(),
             oldest_pending_age_seconds: Gauge::default(),
             listen_connected: Gauge::default(),
             leader: Gauge::default(),
@@ -54,10 +75,22 @@ impl Metrics {
             notifications: Counter::default(),
             // 0.25 ms .. ~16 s: commit-to-OpenFGA is around a millisecond when all is well.
             delivery_latency_seconds: Histogram::new(exponential_buckets(0.00025, 2.0, 17)),
-            // 0.1 ms .. ~3 s.
-            request_duration_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
+            request_duration_seconds: Family::new_with_constructor(|| {
+                Histogram::new(request_buckets())
+            }),
         };
         let r = registry.sub_registry_with_prefix("fga_relay");
+        let build_info: Family<VersionLabel, Gauge> = Family::default();
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        r.register(
+            "build_info",
+            "Always 1; the label says which version of fga-relay runs",
+            build_info,
+        );
         r.register(
             "rows_delivered",
             "Outbox rows delivered to OpenFGA",
@@ -87,6 +120,12 @@ impl Metrics {
             "pending_rows",
             "Rows waiting for delivery (at the last scrape)",
             m.pending_rows.clone(),
+        );
+        r.register(
+            "dead_rows",
+            "Dead-lettered rows in the table now, whichever process dead-lettered them \
+             (at the last scrape)",
+            m.dead_rows.clone(),
         );
         r.register(
             "oldest_pending_age_seconds",
@@ -126,19 +165,33 @@ impl Metrics {
         );
         r.register(
             "openfga_request_duration_seconds",
-            "Duration of Write requests to OpenFGA",
+            "Duration of Write requests to OpenFGA, by outcome (ok, transient, permanent, \
+             configuration)",
             m.request_duration_seconds.clone(),
         );
         // Every class from the start, so that dashboards see zeros rather than no series.
         for class in ["transient", "permanent", "configuration"] {
             let _ = m.failed_attempts.get_or_create(&ClassLabel { class });
+            let _ = m
+                .request_duration_seconds
+                .get_or_create(&OutcomeLabel { outcome: class });
         }
+        let _ = m
+            .request_duration_seconds
+            .get_or_create(&OutcomeLabel { outcome: "ok" });
         m
     }
 
     /// Metrics registered nowhere, for code paths that do not export them (commands, tests).
     pub fn unregistered() -> Metrics {
         Metrics::new(&mut Registry::default())
+    }
+
+    /// Records how long one OpenFGA request took and how it ended (`ok` or a failure class).
+    pub fn request(&self, outcome: &'static str, seconds: f64) {
+        self.request_duration_seconds
+            .get_or_create(&OutcomeLabel { outcome })
+            .observe(seconds);
     }
 
     pub fn failed(&self, class: &'static str) {
@@ -167,7 +220,18 @@ mod tests {
         m.rows_delivered.inc_by(3);
         m.failed("transient");
         m.delivery_latency_seconds.observe(0.001);
+        m.request("ok", 0.002);
         let text = render(&registry);
+        assert!(text.contains("fga_relay_build_info{version=\""), "{text}");
+        assert!(
+            text.contains("fga_relay_openfga_request_duration_seconds_count{outcome=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fga_relay_openfga_request_duration_seconds_bucket{le=\"65.536\",outcome=\"transient\"} 0")
+                || text.contains("fga_relay_openfga_request_duration_seconds_bucket{outcome=\"transient\",le=\"65.536\"} 0"),
+            "{text}"
+        );
         assert!(text.contains("fga_relay_rows_delivered_total 3"), "{text}");
         assert!(
             text.contains("fga_relay_failed_attempts_total{class=\"transient\"} 1"),

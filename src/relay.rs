@@ -106,10 +106,9 @@ enum Trigger {
 /// random tag, because a restarted container has the same host name and pid (1) as the one that
 /// crashed, and must not take that one's unclean exit for its own.
 pub fn identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "unknown-host".to_owned());
+    // gethostname(2), not /proc/sys/kernel/hostname: the shipped unit's ProcSubset=pid hides
+    // the latter.
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
     format!(
         "{host} pid {} run {:08x}",
         std::process::id(),

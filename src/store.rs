@@ -27,6 +27,14 @@ pub struct StatusCounts {
     pub oldest_pending_age_seconds: Option<f64>,
 }
 
+/// What the metrics endpoint measures at each scrape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PendingCounts {
+    pub pending: i64,
+    pub oldest_pending_age_seconds: Option<f64>,
+    pub dead: i64,
+}
+
 /// The SQL of `sql/queries/`, with the table name substituted once.
 #[derive(Debug)]
 struct Queries {
@@ -136,22 +144,26 @@ impl Store {
     }
 
     pub async fn status(&self) -> Result<StatusCounts, StoreError> {
-        let (pending, oldest_pending_age_seconds) = self.status_pending().await?;
+        let now = self.status_pending().await?;
         let client = self.pool.get().await?;
         let row = client.query_one(&self.q.status, &[]).await?;
         Ok(StatusCounts {
-            pending,
-            dead: row.get(0),
-            delivered: row.get(1),
-            oldest_pending_age_seconds,
+            pending: now.pending,
+            dead: now.dead,
+            delivered: row.try_get(0)?,
+            oldest_pending_age_seconds: now.oldest_pending_age_seconds,
         })
     }
 
-    /// Pending rows and the age of the oldest, in seconds.
-    pub async fn status_pending(&self) -> Result<(i64, Option<f64>), StoreError> {
+    /// Pending rows, the age of the oldest and dead rows: cheap enough for every scrape.
+    pub async fn status_pending(&self) -> Result<PendingCounts, StoreError> {
         let client = self.pool.get().await?;
         let row = client.query_one(&self.q.pending, &[]).await?;
-        Ok((row.get(0), row.get(1)))
+        Ok(PendingCounts {
+            pending: row.try_get(0)?,
+            oldest_pending_age_seconds: row.try_get(1)?,
+            dead: row.try_get(2)?,
+        })
     }
 
     /// Sends dead rows back to pending: all of them, or the given ids. Returns the ids sent back

@@ -18,6 +18,19 @@ pub struct Notifier {
     start: Instant,
 }
 
+/// An abstract socket name, as systemd gives `NOTIFY_SOCKET=@name`: Linux only. Elsewhere (a
+/// developer's macOS) there is no systemd, and the address is refused.
+#[cfg(target_os = "linux")]
+fn abstract_address(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn abstract_address(_name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
+    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+}
+
 impl Notifier {
     /// A notifier that does nothing (commands other than `run`, tests).
     pub fn disabled() -> Notifier {
@@ -36,12 +49,9 @@ impl Notifier {
             return n;
         };
         let path = path.to_string_lossy().into_owned();
-        let addr = if let Some(name) = path.strip_prefix('@') {
-            // An abstract socket name (Linux).
-            use std::os::linux::net::SocketAddrExt;
-            std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-        } else {
-            std::os::unix::net::SocketAddr::from_pathname(&path)
+        let addr = match path.strip_prefix('@') {
+            Some(name) => abstract_address(name),
+            None => std::os::unix::net::SocketAddr::from_pathname(&path),
         };
         let (Ok(addr), Ok(socket)) = (addr, UnixDatagram::unbound()) else {
             tracing::warn!(notify_socket = %path, "cannot use NOTIFY_SOCKET; not notifying systemd");

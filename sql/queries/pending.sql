@@ -1,6 +1,8 @@
--- Pending rows and the age of the oldest, for the metrics endpoint. Both use the pending index.
+-- Pending rows, the age of the oldest, and dead rows, for the metrics endpoint and `status`. Each
+-- uses a partial index (pending, dead).
 SELECT
     (SELECT count(*) FROM fga_outbox WHERE processed_at IS NULL AND failed_at IS NULL) AS pending,
     (SELECT extract(epoch FROM clock_timestamp() - created_at)::float8
        FROM fga_outbox WHERE processed_at IS NULL AND failed_at IS NULL
-       ORDER BY id LIMIT 1) AS oldest_pending_age_seconds
+       ORDER BY id LIMIT 1) AS oldest_pending_age_seconds,
+    (SELECT count(*) FROM fga_outbox WHERE failed_at IS NOT NULL) AS dead

@@ -1,9 +1,9 @@
 -- fga-relay schema, part 1: the outbox table.
 --
--- Applications may already have created this table (SPEC §3); every statement here adopts it as
--- it is and keeps every row. The relay runs all parts in one transaction, after taking an advisory
--- lock, so two `fga-relay migrate` at once do no harm. To run these files with your own migration
--- tool, run them in order; each is idempotent.
+-- Applications may already have created this table themselves, with rows in it; every statement
+-- here adopts it as it is and keeps every row. The relay runs all parts in one transaction, after
+-- taking an advisory lock, so two `fga-relay migrate` at once do no harm. To run these files with
+-- your own migration tool, run them in order; each is idempotent.
 --
 -- `fga_outbox` stands for the configured table name (`fga-relay sql --table NAME` prints the files
 -- with it substituted).

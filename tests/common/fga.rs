@@ -1209,10 +1209,10 @@ impl Shared {
 
     fn finish_write(&self, (epoch, index): (u64, usize), status: u16) {
         let mut state = self.state();
-        if state.writes_epoch == epoch {
-            if let Some(record) = state.writes.get_mut(index) {
-                record.status = status;
-            }
+        if state.writes_epoch == epoch
+            && let Some(record) = state.writes.get_mut(index)
+        {
+            record.status = status;
         }
     }
 
@@ -1323,10 +1323,10 @@ impl Shared {
         let rid = request_id();
         // PGV ListStoresRequest.
         let mut errs = Vec::new();
-        if let Some(n) = page_size {
-            if !(1..=100).contains(&n) {
-                errs.push(pgv_leaf("ListStoresRequest", "PageSize", PAGE_SIZE_REASON));
-            }
+        if let Some(n) = page_size
+            && !(1..=100).contains(&n)
+        {
+            errs.push(pgv_leaf("ListStoresRequest", "PageSize", PAGE_SIZE_REASON));
         }
         pgv_token("ListStoresRequest", &token, &mut errs);
         if !name.is_empty() && !store_name_ok(&name) {
@@ -2488,11 +2488,11 @@ fn pgv_tuple_key(message: &str, tk: &TK<'_>) -> Option<String> {
     if !tk.object.is_empty() && !nonspace_2_256(tk.object) {
         errs.push(pgv_leaf(message, "Object", OBJECT_REASON));
     }
-    if let Some(c) = tk.condition {
-        if !nonspace_2_256(c.name) {
-            let cause = pgv_leaf("RelationshipCondition", "Name", CONDITION_NAME_REASON);
-            errs.push(pgv_embedded(message, "Condition", &cause));
-        }
+    if let Some(c) = tk.condition
+        && !nonspace_2_256(c.name)
+    {
+        let cause = pgv_leaf("RelationshipCondition", "Name", CONDITION_NAME_REASON);
+        errs.push(pgv_embedded(message, "Condition", &cause));
     }
     (!errs.is_empty()).then(|| errs.join("; "))
 }
@@ -2522,10 +2522,10 @@ fn pgv_read(store_id: &str, req: &ReadReq<'_>) -> Option<String> {
             errs.push(pgv_embedded("ReadRequest", "TupleKey", &inner.join("; ")));
         }
     }
-    if let Some(n) = req.page_size {
-        if !(1..=100).contains(&n) {
-            errs.push(pgv_leaf("ReadRequest", "PageSize", PAGE_SIZE_REASON));
-        }
+    if let Some(n) = req.page_size
+        && !(1..=100).contains(&n)
+    {
+        errs.push(pgv_leaf("ReadRequest", "PageSize", PAGE_SIZE_REASON));
     }
     pgv_token("ReadRequest", req.token, &mut errs);
     if ![0, 100, 200].contains(&req.consistency) {
@@ -3087,7 +3087,7 @@ fn rfc3339(t: SystemTime) -> String {
         sod % 60
     );
     if micros != 0 {
-        if micros % 1000 == 0 {
+        if micros.is_multiple_of(1000) {
             let _ = write!(s, ".{:03}", micros / 1000);
         } else {
             let _ = write!(s, ".{micros:06}");
@@ -3121,7 +3121,7 @@ fn b64url_encode(data: &[u8]) -> String {
 }
 
 fn b64url_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 4 != 0 {
+    if !s.len().is_multiple_of(4) {
         return None;
     }
     let b = s.as_bytes();

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fga;
+pub mod metrics;
 pub mod pg;
 pub mod proxy;
 pub mod relay;

@@ -4,7 +4,7 @@
 use super::fga::FakeFga;
 use super::pg::TestDb;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -61,11 +61,8 @@ impl Env {
 
     /// `fga-relay ARGS` with this environment (nothing inherited from the test's own but PATH).
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.args(args).env_clear().envs(self.vars());
-        if let Ok(path) = std::env::var("PATH") {
-            c.env("PATH", path);
-        }
+        let mut c = command(Path::new(BIN), args);
+        c.envs(self.vars());
         c
     }
 
@@ -211,6 +208,16 @@ pub fn deletes(tuples: &[serde_json::Value]) -> serde_json::Value {
     serde_json::json!({ "deletes": tuples })
 }
 
+/// `BIN ARGS` with no environment but PATH: what a relay command sees is what the caller gives it.
+pub fn command(bin: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(bin);
+    c.args(args).env_clear();
+    if let Ok(path) = std::env::var("PATH") {
+        c.env("PATH", path);
+    }
+    c
+}
+
 /// A running `fga-relay run` process. Killed (SIGKILL) on drop if still running.
 pub struct RelayProc {
     child: Child,
@@ -270,10 +277,31 @@ impl RelayProc {
 
     /// Sends SIGTERM.
     pub fn term(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Sends `sig` (SIGSTOP and SIGCONT freeze and thaw it).
+    pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
+            libc::kill(self.child.id() as i32, sig);
         }
+    }
+
+    /// The base URL of `/healthz` and `/metrics`, from the address the relay logged it bound
+    /// (so that `FGA_RELAY_HTTP_ADDR=127.0.0.1:0` can let the system pick a free port).
+    pub async fn endpoint(&self) -> String {
+        const SERVING: &str = "serving /healthz and /metrics";
+        self.wait_for_log(SERVING).await;
+        let logs = self.logs();
+        let addr = logs
+            .lines()
+            .find(|l| l.contains(SERVING))
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in the relay's log:\n{logs}"))
+            .trim_matches('"');
+        format!("http://{addr}")
     }
 
     /// Waits for the process to exit; panics after `timeout`.
@@ -320,7 +348,22 @@ pub fn assert_success(out: &Output, what: &str) {
 }
 
 /// Polls an async condition every 20 ms until it holds; panics with `what` after `timeout`.
-pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut f: F)
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    if poll_until(timeout, Duration::from_millis(20), f)
+        .await
+        .is_none()
+    {
+        panic!("timed out after {timeout:?} waiting for: {what}");
+    }
+}
+
+/// Polls an async condition every `every` until it holds, and says when it was first seen to;
+/// nothing after `timeout`.
+pub async fn poll_until<F, Fut>(timeout: Duration, every: Duration, mut f: F) -> Option<Instant>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -328,11 +371,11 @@ where
     let deadline = Instant::now() + timeout;
     loop {
         if f().await {
-            return;
+            return Some(Instant::now());
         }
         if Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for: {what}");
+            return None;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(every).await;
     }
 }

@@ -6,7 +6,7 @@ use crate::common::relay::{
 };
 use serde_json::{Value, json};
 
-/// SPEC §1's example: both tuples travel in one Write, so that a member of the organization
+/// The README's outbox example: both tuples travel in one Write, so that a member of the organization
 /// never has one without the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_two_tuples_of_one_row_arrive_in_one_write() {

@@ -1,9 +1,9 @@
 //! What an operator sees: `/healthz`, `/metrics` (scraped and parsed), the sweep metric that
 //! tells notifications are being lost, and the JSON log format.
 
+use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{Env, RelayProc, tk, wait_until, writes};
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// Starts a relay with the endpoint on a free port; returns it and the endpoint's base URL.
@@ -11,22 +11,8 @@ async fn relay_with_endpoint(env: &Env, extra: &[(&str, &str)]) -> (RelayProc, S
     let mut vars = vec![("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0")];
     vars.extend_from_slice(extra);
     let relay = env.spawn_relay(&vars);
-    relay.wait_for_log("serving /healthz and /metrics").await;
-    let logs = relay.logs();
-    let line = logs
-        .lines()
-        .find(|l| l.contains("serving /healthz and /metrics"))
-        .unwrap();
-    let addr = line
-        .split("addr=")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .trim_matches('"')
-        .to_owned();
-    (relay, format!("http://{addr}"))
+    let base = relay.endpoint().await;
+    (relay, base)
 }
 
 async fn get(url: &str) -> (u16, String) {
@@ -37,30 +23,6 @@ async fn get(url: &str) -> (u16, String) {
         }
         Err(e) => panic!("GET {url}: {e}"),
     }
-}
-
-/// Parses Prometheus text format into `name{labels}` → value.
-fn parse_metrics(text: &str) -> HashMap<String, f64> {
-    let mut out = HashMap::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let (name, value) = line
-            .rsplit_once(' ')
-            .expect("a sample line is `name value`");
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("not a number: {line}"));
-        out.insert(name.to_owned(), value);
-    }
-    out
-}
-
-async fn scrape(base: &str) -> HashMap<String, f64> {
-    let (status, text) = get(&format!("{base}/metrics")).await;
-    assert_eq!(status, 200, "{text}");
-    parse_metrics(&text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +45,9 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
         "fga_relay_listen_reconnects_total",
         "fga_relay_sweep_found_rows_total",
         "fga_relay_delivery_latency_seconds_count",
-        "fga_relay_openfga_request_duration_seconds_count",
+        "fga_relay_openfga_request_duration_seconds_count{outcome=\"ok\"}",
+        "fga_relay_openfga_request_duration_seconds_count{outcome=\"transient\"}",
+        "fga_relay_dead_rows",
         "fga_relay_failed_attempts_total{class=\"transient\"}",
         "fga_relay_failed_attempts_total{class=\"permanent\"}",
         "fga_relay_failed_attempts_total{class=\"configuration\"}",
@@ -92,6 +56,15 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     }
     assert_eq!(m["fga_relay_listen_connected"], 1.0);
     assert_eq!(m["fga_relay_leader"], 1.0);
+    let version = format!(
+        "fga_relay_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(
+        m.get(&version),
+        Some(&1.0),
+        "{version} missing from /metrics"
+    );
 
     env.insert(writes(&[
         tk("user:a", "viewer", "document:1"),
@@ -110,6 +83,11 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     assert!(m["fga_relay_notifications_total"] >= 1.0);
     assert_eq!(m["fga_relay_sweep_found_rows_total"], 0.0);
     assert_eq!(m["fga_relay_pending_rows"], 0.0);
+    assert_eq!(m["fga_relay_dead_rows"], 1.0);
+    assert_eq!(
+        m["fga_relay_openfga_request_duration_seconds_count{outcome=\"ok\"}"],
+        1.0
+    );
 
     // Pending rows and their age, while OpenFGA is away.
     env.fga.set_refusing(true);
@@ -122,7 +100,16 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     let m = scrape(&base).await;
     assert_eq!(m["fga_relay_pending_rows"], 1.0);
     assert!(m["fga_relay_oldest_pending_age_seconds"] > 0.0);
+    assert!(m["fga_relay_openfga_request_duration_seconds_count{outcome=\"transient\"}"] >= 1.0);
     env.fga.set_refusing(false);
+
+    // The dead-row gauge is the table's count, not this process's: a restarted relay (or
+    // another one) still shows the rows dead-lettered before it.
+    drop(relay);
+    let (_relay, base) = relay_with_endpoint(&env, &[]).await;
+    let m = scrape(&base).await;
+    assert_eq!(m["fga_relay_rows_dead_lettered_total"], 0.0);
+    assert_eq!(m["fga_relay_dead_rows"], 1.0);
 }
 
 /// /healthz is 503 while the LISTEN connection is down, 200 again once it is back.
@@ -209,4 +196,23 @@ async fn json_logs_are_one_object_a_line() {
         }
     }
     assert!(saw_dead);
+}
+
+/// The leader record names the host as gethostname(2) does, so operators can find the relay
+/// that delivers (under the shipped unit, /proc/sys/kernel/hostname is hidden: it is not read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_record_names_the_host() {
+    let env = Env::start().await;
+    let relay = env.start_relay().await;
+    let client = env.db.connect().await;
+    let holder: String = client
+        .query_one("SELECT holder FROM fga_outbox_leader", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    assert!(
+        holder.starts_with(&format!("{host} pid {}", relay.pid())),
+        "{holder}"
+    );
 }

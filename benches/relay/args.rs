@@ -1,0 +1,119 @@
+//! The bench's command line: which scenarios, at which sizes, against which relay binary.
+
+use clap::{Parser, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "fga-relay's benchmark: the performance targets' scenarios against the real relay (see BENCHMARKS.md)"
+)]
+pub(crate) struct Args {
+    /// Tiny sizes, a few seconds in all: checks that the benchmark still runs (CI).
+    #[arg(long)]
+    pub(crate) smoke: bool,
+    /// Scenarios to run, comma-separated (default: all of them).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) only: Vec<Scenario>,
+    /// Single-row commits measured in each latency run [1000; smoke 40].
+    #[arg(long)]
+    pub(crate) latency_commits: Option<usize>,
+    /// Commits per second in the latency runs [200].
+    #[arg(long)]
+    pub(crate) latency_rate: Option<u32>,
+    /// Rows in the burn-down backlog, 2 tuples each [100000; smoke 2000].
+    #[arg(long)]
+    pub(crate) backlog: Option<usize>,
+    /// Delivered rows in the table for the history scenario [1000000; smoke 20000].
+    #[arg(long)]
+    pub(crate) history: Option<usize>,
+    /// Rows in the baseline drainer's burn-down backlog [20000; smoke 300].
+    #[arg(long)]
+    pub(crate) baseline_backlog: Option<usize>,
+    /// Seconds of each pgbench run [6; smoke 1].
+    #[arg(long)]
+    pub(crate) pgbench_seconds: Option<u64>,
+    /// pgbench client counts, comma-separated [1,8].
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) pgbench_clients: Vec<u32>,
+    /// Rounds of pgbench runs, each round one run of each configuration back to back; the
+    /// median of the rounds' ratios counts [5; smoke 1].
+    #[arg(long)]
+    pub(crate) pgbench_runs: Option<usize>,
+    /// Seconds the idle relay is watched [60; smoke 3].
+    #[arg(long)]
+    pub(crate) idle_seconds: Option<u64>,
+    /// The relay binary to measure (default: this tree's, built in release by cargo bench).
+    #[arg(long)]
+    pub(crate) relay_bin: Option<PathBuf>,
+    /// Extra environment for every relay, NAME=VALUE (e.g. FGA_RELAY_BATCH_SIZE=1000).
+    #[arg(long = "relay-env", value_parser = parse_kv)]
+    pub(crate) relay_env: Vec<(String, String)>,
+    /// Profile the relay and its PostgreSQL sessions during the first burn-down with
+    /// `perf record --call-graph dwarf` into this file (`perf report -i FILE` reads it).
+    #[arg(long)]
+    pub(crate) perf: Option<PathBuf>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    pub(crate) bench: bool,
+    /// A name filter `cargo bench NAME` passes on; ignored.
+    #[arg(hide = true)]
+    pub(crate) filter: Vec<String>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected NAME=VALUE, got {s:?}"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Scenario {
+    Latency,
+    Burndown,
+    History,
+    Writers,
+    Idle,
+    Baseline,
+}
+
+/// The sizes of one run, from the flags, `--smoke` and the defaults.
+#[derive(Debug, Clone)]
+pub(crate) struct Sizes {
+    pub(crate) smoke: bool,
+    pub(crate) latency_commits: usize,
+    pub(crate) latency_warmup: usize,
+    pub(crate) latency_rate: u32,
+    pub(crate) backlog: usize,
+    pub(crate) history: usize,
+    pub(crate) baseline_backlog: usize,
+    pub(crate) pgbench_seconds: u64,
+    pub(crate) pgbench_runs: usize,
+    pub(crate) pgbench_clients: Vec<u32>,
+    pub(crate) idle_seconds: u64,
+}
+
+impl Sizes {
+    pub(crate) fn from(a: &Args) -> Sizes {
+        let s = a.smoke;
+        Sizes {
+            smoke: s,
+            latency_commits: a.latency_commits.unwrap_or(if s { 40 } else { 1000 }),
+            latency_warmup: if s { 5 } else { 100 },
+            latency_rate: a.latency_rate.unwrap_or(200).max(1),
+            backlog: a.backlog.unwrap_or(if s { 2_000 } else { 100_000 }).max(1),
+            history: a.history.unwrap_or(if s { 20_000 } else { 1_000_000 }),
+            baseline_backlog: a
+                .baseline_backlog
+                .unwrap_or(if s { 300 } else { 20_000 })
+                .max(1),
+            pgbench_seconds: a.pgbench_seconds.unwrap_or(if s { 1 } else { 6 }).max(1),
+            pgbench_runs: a.pgbench_runs.unwrap_or(if s { 1 } else { 5 }).max(1),
+            pgbench_clients: if a.pgbench_clients.is_empty() {
+                vec![1, 8]
+            } else {
+                a.pgbench_clients.clone()
+            },
+            idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! Scenario: a backlog burnt down by a warm relay (optionally profiled with `perf`).
+
+use crate::args::Sizes;
+use crate::common::fga::FakeFga;
+use crate::cpu::CpuUse;
+use crate::harness::Bench;
+use anyhow::{Context, Result, bail};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BurnDown {
+    pub(crate) rows: usize,
+    pub(crate) tuples: usize,
+    /// SIGCONT to the relay → no row pending.
+    pub(crate) secs: f64,
+    /// SIGCONT → the stand-in received the last row's tuples.
+    pub(crate) last_write_secs: f64,
+    pub(crate) writes: usize,
+    pub(crate) cpu: CpuUse,
+    pub(crate) insert_secs: f64,
+    pub(crate) explain: String,
+    /// The relay's statements during the burn-down: (calls, total ms, rows, query).
+    pub(crate) statements: Vec<(i64, f64, i64, String)>,
+}
+
+impl BurnDown {
+    pub(crate) fn rows_per_s(&self) -> f64 {
+        self.rows as f64 / self.secs
+    }
+    pub(crate) fn tuples_per_s(&self) -> f64 {
+        self.tuples as f64 / self.secs
+    }
+    pub(crate) fn print(&self, label: &str) {
+        println!(
+            "  {label}: {} rows ({} tuples) in {:.3} s: {:.0} rows/s, {:.0} tuples/s, {} Writes \
+             ({:.1} tuples each); last Write received at {:.3} s",
+            self.rows,
+            self.tuples,
+            self.secs,
+            self.rows_per_s(),
+            self.tuples_per_s(),
+            self.writes,
+            self.tuples as f64 / self.writes.max(1) as f64,
+            self.last_write_secs
+        );
+        println!("    {}", self.cpu.line());
+        println!(
+            "    stand-in cost: {:.0} µs CPU per Write",
+            self.cpu.standin / self.writes.max(1) as f64 * 1e6
+        );
+        let total: f64 = self.statements.iter().map(|s| s.1).sum();
+        println!(
+            "    the relay's statements, {:.0} ms of execution in PostgreSQL ({:.0}% of the wall \
+             time):",
+            total,
+            total / 1e3 / self.secs * 100.0
+        );
+        for (calls, ms_total, rows, q) in self.statements.iter().take(6) {
+            let q: String = q.chars().take(80).collect();
+            println!(
+                "    {calls:>7} calls {ms_total:>8.1} ms ({:>6.3} ms each, {rows:>7} rows)  {q}",
+                ms_total / (*calls).max(1) as f64
+            );
+        }
+    }
+}
+
+/// `INSERT ... SELECT generate_series`: `n` rows of 2 tuples each (the README's example shape),
+/// unique per row through `tag`; delivered already when `delivered`.
+pub(crate) fn rows_sql(tag: &str, n: usize, delivered: bool) -> String {
+    let (cols, vals) = if delivered {
+        (", created_at, processed_at", ", now(), now()")
+    } else {
+        ("", "")
+    };
+    format!(
+        "INSERT INTO fga_outbox (payload{cols}) \
+         SELECT jsonb_build_object('writes', jsonb_build_array( \
+           jsonb_build_object('user', 'capture_job:{tag}' || g, 'relation', 'parent', \
+                              'object', 'archive:{tag}' || g), \
+           jsonb_build_object('user', 'organization:acme', 'relation', 'parent', \
+                              'object', 'capture_job:{tag}' || g))){vals} \
+         FROM generate_series(1, {n}) g"
+    )
+}
+
+/// `perf record` of these processes, all threads, with DWARF call graphs.
+pub(crate) async fn start_perf(path: &Path, pids: &[u32]) -> Result<std::process::Child> {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let child = Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-F",
+            "997",
+            "--call-graph",
+            "dwarf,16384",
+            "-o",
+        ])
+        .arg(path)
+        .args(["-p", &pids.join(",")])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .context("run perf record (is perf installed?)")?;
+    // perf needs a moment to attach.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(child)
+}
+
+pub(crate) fn stop_perf(mut child: std::process::Child) -> Result<()> {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    child.wait()?;
+    Ok(())
+}
+
+impl Bench {
+    /// A backlog of `n` rows burnt down by a warm relay. The relay is paused (SIGSTOP) while
+    /// the backlog is inserted, analysed and EXPLAINed, and the clock starts at SIGCONT: the
+    /// notification of the backlog's commit is waiting for it then.
+    pub(crate) async fn burn(&self, n: usize, tag: &str) -> Result<BurnDown> {
+        let fga = FakeFga::start();
+        let relay = self.start_relay(&fga, &[]).await?;
+        relay.signal(libc::SIGSTOP);
+        let t = Instant::now();
+        self.admin.batch_execute(&rows_sql(tag, n, false)).await?;
+        let insert_secs = t.elapsed().as_secs_f64();
+        self.admin
+            .batch_execute("ANALYZE fga_outbox; CHECKPOINT")
+            .await?;
+        let explain = self.explain_claim().await?;
+        let perf = self.perf.lock().expect("not poisoned").take();
+        let perf = match perf {
+            Some(path) => {
+                let mut pids = self.relay_backends().await?;
+                pids.push(relay.pid());
+                Some(start_perf(&path, &pids).await?)
+            }
+            None => None,
+        };
+        self.admin
+            .batch_execute("SELECT pg_stat_statements_reset()")
+            .await?;
+        let cpu0 = self.cpu(Some(relay.pid())).await?;
+        let t0 = Instant::now();
+        relay.signal(libc::SIGCONT);
+        let last_user = format!("capture_job:{tag}{n}");
+        let last_object = format!("archive:{tag}{n}");
+        let patience = Duration::from_secs(60 + n as u64 / 1000);
+        while !fga.has(&last_user, "parent", &last_object) {
+            if t0.elapsed() > patience {
+                self.stop_relay(relay, "burn-down", &[]).await;
+                bail!("burn-down of {n} rows did not finish within {patience:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let last_write = t0.elapsed();
+        let done = self
+            .wait_drained(Duration::from_secs(30), Duration::from_millis(2))
+            .await?;
+        let cpu1 = self.cpu(Some(relay.pid())).await?;
+        if let Some(child) = perf {
+            stop_perf(child)?;
+        }
+        let statements = self.relay_statements().await?;
+        let writes = fga.write_count();
+        let stored = fga.tuples().len();
+        self.stop_relay(relay, "burn-down", &[]).await;
+        if stored != 2 * n {
+            bail!("the stand-in holds {stored} tuples, expected {}", 2 * n);
+        }
+        Ok(BurnDown {
+            rows: n,
+            tuples: 2 * n,
+            secs: (done - t0).as_secs_f64(),
+            last_write_secs: last_write.as_secs_f64(),
+            writes,
+            cpu: cpu0.until(&cpu1),
+            insert_secs,
+            explain,
+            statements,
+        })
+    }
+
+    /// What the relay's statements cost PostgreSQL since the last pg_stat_statements_reset():
+    /// (calls, total ms, rows, query), dearest first.
+    pub(crate) async fn relay_statements(&self) -> Result<Vec<(i64, f64, i64, String)>> {
+        Ok(self
+            .admin
+            .query(
+                "SELECT calls, total_exec_time, rows, \
+                 regexp_replace(regexp_replace(query, '--[^\\n]*', '', 'g'), '\\s+', ' ', 'g') \
+                 FROM pg_stat_statements WHERE userid = 'fga_relay'::regrole \
+                 ORDER BY total_exec_time DESC, calls DESC",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect())
+    }
+
+    pub(crate) async fn burndown(&self, sizes: &Sizes) -> Result<BurnDown> {
+        self.truncate().await?;
+        let r = self.burn(sizes.backlog, "bd").await?;
+        println!(
+            "backlog of {} rows (inserted in {:.1} s), relay with default settings (batch 500)",
+            sizes.backlog, r.insert_secs
+        );
+        r.print("burn-down");
+        Ok(r)
+    }
+}

@@ -1,0 +1,192 @@
+//! CPU accounting from `/proc`: the relay's, its PostgreSQL sessions', pgbench's, and everything
+//! else on a machine that may be shared.
+
+use std::time::Instant;
+
+/// The machine's load averages: the machine may be shared, and what else runs shows in every
+/// number.
+pub(crate) fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub(crate) struct ProcStat {
+    pub(crate) ppid: u32,
+    /// utime + stime, in clock ticks.
+    pub(crate) ticks: u64,
+}
+
+pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] is field 3 (state): ppid is field 4, utime 14, stime 15.
+    Some(ProcStat {
+        ppid: f.get(1)?.parse().ok()?,
+        ticks: f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?,
+    })
+}
+
+pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+pub(crate) fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// CPU used so far by each party, in clock ticks.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CpuSnap {
+    pub(crate) at: Option<Instant>,
+    pub(crate) relay: u64,
+    pub(crate) relay_pg: u64,
+    pub(crate) pg_all: u64,
+    pub(crate) standin: u64,
+    pub(crate) bench_all: u64,
+    pub(crate) pgbench: u64,
+    pub(crate) machine_busy: u64,
+}
+
+impl CpuSnap {
+    pub(crate) fn take(
+        relay: Option<u32>,
+        relay_backends: &[u32],
+        postmaster: u32,
+        pgbench: Option<u32>,
+    ) -> CpuSnap {
+        let mut s = CpuSnap {
+            at: Some(Instant::now()),
+            ..CpuSnap::default()
+        };
+        if let Some(pid) = pgbench {
+            s.pgbench = proc_stat(pid).map_or(0, |p| p.ticks);
+        }
+        if let Some(pid) = relay {
+            s.relay = proc_stat(pid).map_or(0, |p| p.ticks);
+        }
+        s.relay_pg = relay_backends
+            .iter()
+            .filter_map(|&p| proc_stat(p))
+            .map(|p| p.ticks)
+            .sum();
+        // The postmaster and its children: backends, walwriter, checkpointer, autovacuum.
+        s.pg_all = proc_stat(postmaster).map_or(0, |p| p.ticks);
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
+                if let Some(p) = proc_stat(pid).filter(|p| p.ppid == postmaster) {
+                    s.pg_all += p.ticks;
+                }
+            }
+        }
+        // The stand-in's threads (its accept loop and its runtime's workers), in this process.
+        if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+            for e in dir.flatten() {
+                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                if comm.trim().starts_with("fake-fga") {
+                    let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                    s.standin += parse_stat(&stat).map_or(0, |p| p.ticks);
+                }
+            }
+        }
+        s.bench_all = proc_stat(std::process::id()).map_or(0, |p| p.ticks);
+        if let Some(line) = std::fs::read_to_string("/proc/stat")
+            .unwrap_or_default()
+            .lines()
+            .next()
+        {
+            let v: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal
+            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+            let total: u64 = v.iter().take(8).sum();
+            s.machine_busy = total - idle;
+        }
+        s
+    }
+
+    /// CPU-seconds used by each party between `self` and `later`.
+    pub(crate) fn until(&self, later: &CpuSnap) -> CpuUse {
+        let hz = clock_ticks_per_second();
+        let d = |a: u64, b: u64| b.saturating_sub(a) as f64 / hz;
+        let wall = match (self.at, later.at) {
+            (Some(a), Some(b)) => (b - a).as_secs_f64(),
+            _ => 0.0,
+        };
+        let standin = d(self.standin, later.standin);
+        CpuUse {
+            wall,
+            relay: d(self.relay, later.relay),
+            relay_pg: d(self.relay_pg, later.relay_pg),
+            pg_other: d(self.pg_all, later.pg_all) - d(self.relay_pg, later.relay_pg),
+            standin,
+            bench: d(self.bench_all, later.bench_all) - standin,
+            pgbench: d(self.pgbench, later.pgbench),
+            machine: d(self.machine_busy, later.machine_busy),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CpuUse {
+    pub(crate) wall: f64,
+    pub(crate) relay: f64,
+    pub(crate) relay_pg: f64,
+    pub(crate) pg_other: f64,
+    pub(crate) standin: f64,
+    pub(crate) bench: f64,
+    /// pgbench, when it ran.
+    pub(crate) pgbench: f64,
+    pub(crate) machine: f64,
+}
+
+impl CpuUse {
+    /// CPU the machine spent on processes other than the bench's: on a shared machine, the
+    /// noise in every number here.
+    pub(crate) fn others(&self) -> f64 {
+        (self.machine
+            - self.relay
+            - self.relay_pg
+            - self.pg_other
+            - self.standin
+            - self.bench
+            - self.pgbench)
+            .max(0.0)
+    }
+
+    pub(crate) fn line(&self) -> String {
+        let pct = |s: f64| {
+            if self.wall > 0.0 {
+                s / self.wall * 100.0
+            } else {
+                0.0
+            }
+        };
+        format!(
+            "CPU over {:.2} s (100% = one core): relay {:.0}%, its PostgreSQL sessions {:.0}%, \
+             rest of PostgreSQL {:.0}%, OpenFGA stand-in {:.0}%, bench {:.0}%, other processes \
+             {:.0}%; machine busy {:.0}% of {}%",
+            self.wall,
+            pct(self.relay),
+            pct(self.relay_pg),
+            pct(self.pg_other.max(0.0)),
+            pct(self.standin),
+            pct(self.bench.max(0.0)),
+            pct(self.others()),
+            pct(self.machine),
+            100 * std::thread::available_parallelism().map_or(1, |n| n.get())
+        )
+    }
+}

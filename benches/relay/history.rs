@@ -1,0 +1,79 @@
+//! Scenario: burn-down and the claim's plan with a million delivered rows in the table, against
+//! none.
+
+use crate::args::Sizes;
+use crate::burndown::{BurnDown, rows_sql};
+use crate::harness::Bench;
+use anyhow::Result;
+use std::time::Instant;
+
+impl Bench {
+    pub(crate) async fn history(&self, sizes: &Sizes) -> Result<History> {
+        // None delivered before: an empty table, then the backlog.
+        self.truncate().await?;
+        self.admin
+            .batch_execute("VACUUM ANALYZE fga_outbox")
+            .await?;
+        let idle_none = self.explain_claim().await?;
+        let none = self.burn(sizes.backlog, "hn").await?;
+        // A million delivered rows before, as a relay leaves them behind.
+        self.truncate().await?;
+        let t = Instant::now();
+        self.admin
+            .batch_execute(&rows_sql("h", sizes.history, true))
+            .await?;
+        self.admin
+            .batch_execute("VACUUM ANALYZE fga_outbox")
+            .await?;
+        self.admin.batch_execute("CHECKPOINT").await?;
+        let fill_secs = t.elapsed().as_secs_f64();
+        let size: String = self
+            .admin
+            .query_one(
+                "SELECT pg_size_pretty(pg_total_relation_size('fga_outbox'))",
+                &[],
+            )
+            .await?
+            .get(0);
+        let idle_full = self.explain_claim().await?;
+        let full = self.burn(sizes.backlog, "hf").await?;
+        println!(
+            "backlog of {} rows, with no delivered row in the table vs. {} ({size}, filled and \
+             vacuumed in {fill_secs:.1} s)",
+            sizes.backlog, sizes.history
+        );
+        none.print("none delivered  ");
+        full.print("with the history");
+        println!(
+            "  ratio: {:.2} (rows/s with the history / without)",
+            full.rows_per_s() / none.rows_per_s()
+        );
+        println!("  the claim with nothing pending, no history:\n{idle_none}");
+        println!(
+            "  the claim with nothing pending, {} delivered rows:\n{idle_full}",
+            sizes.history
+        );
+        println!(
+            "  the claim over the backlog, no history:\n{}",
+            none.explain
+        );
+        println!(
+            "  the claim over the backlog, {} delivered rows:\n{}",
+            sizes.history, full.explain
+        );
+        Ok(History {
+            none,
+            full,
+            idle_none,
+            idle_full,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct History {
+    pub(crate) none: BurnDown,
+    pub(crate) full: BurnDown,
+    pub(crate) idle_none: String,
+    pub(crate) idle_full: String,
+}

@@ -1,0 +1,97 @@
+//! fga-relay's benchmark: the performance targets' figures, measured with the real relay
+//! binary, a PostgreSQL cluster of its own with production settings (fsync on), and the
+//! in-process, zero-latency OpenFGA stand-in of the tests. Everything talks over loopback or Unix
+//! sockets and stops by itself.
+//!
+//! ```sh
+//! cargo bench --bench relay                 # everything, about 5½ minutes
+//! cargo bench --bench relay -- --smoke      # tiny sizes, seconds: does it still run?
+//! cargo bench --bench relay -- --only latency,burndown --backlog 50000
+//! cargo bench --bench relay -- --help
+//! ```
+//!
+//! BENCHMARKS.md has the results, where the time goes, and what each scenario means. This is a
+//! program, not a test: nothing here asserts a timing; it prints a table and whether each of
+//! the performance targets is met.
+//!
+//! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
+//! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
+//! a scenario (`latency`, `burndown`, `history`, `writers`, `idle`, `baseline`); `cpu.rs`
+//! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
+//! prints the table.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+mod args;
+mod baseline;
+mod burndown;
+mod cpu;
+mod explain;
+mod harness;
+mod history;
+mod idle;
+mod latency;
+mod pgbench;
+mod stats;
+mod summary;
+mod writers;
+
+use anyhow::Result;
+use args::{Args, Scenario, Sizes};
+use clap::Parser;
+use cpu::loadavg;
+use harness::Bench;
+use std::time::Instant;
+use summary::Results;
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench")
+        .enable_all()
+        .build()?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let sizes = Sizes::from(&args);
+    let all = [
+        Scenario::Latency,
+        Scenario::Burndown,
+        Scenario::History,
+        Scenario::Writers,
+        Scenario::Idle,
+        Scenario::Baseline,
+    ];
+    let chosen: Vec<Scenario> = if args.only.is_empty() {
+        all.to_vec()
+    } else {
+        all.into_iter().filter(|s| args.only.contains(s)).collect()
+    };
+    let started = Instant::now();
+    let bench = Bench::start(&args).await?;
+    bench.print_header(&args, &sizes).await?;
+    let mut results = Results::default();
+    for scenario in chosen {
+        let t = Instant::now();
+        println!("\n=== {scenario:?} ===");
+        match scenario {
+            Scenario::Latency => results.latency = Some(bench.latency(&sizes).await?),
+            Scenario::Burndown => results.burndown = Some(bench.burndown(&sizes).await?),
+            Scenario::History => results.history = Some(bench.history(&sizes).await?),
+            Scenario::Writers => results.writers = bench.writers(&sizes).await?,
+            Scenario::Idle => results.idle = Some(bench.idle(&sizes).await?),
+            Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),
+        }
+        println!("({scenario:?}: {:.1} s)", t.elapsed().as_secs_f64());
+    }
+    results.print_summary(&sizes);
+    println!(
+        "\nbenchmark done in {:.0} s; load average now {}",
+        started.elapsed().as_secs_f64(),
+        loadavg()
+    );
+    Ok(())
+}

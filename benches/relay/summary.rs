@@ -1,0 +1,168 @@
+//! The closing table: each scenario's figures beside its target.
+
+use crate::args::Sizes;
+use crate::baseline::BaselineResult;
+use crate::burndown::BurnDown;
+use crate::explain::{exec_ms, top_buffers};
+use crate::history::History;
+use crate::idle::IdleResult;
+use crate::latency::LatencyResult;
+use crate::stats::ms;
+use crate::writers::{TriggerKind, WriterRun, round_ratio};
+
+#[derive(Default)]
+pub(crate) struct Results {
+    pub(crate) latency: Option<LatencyResult>,
+    pub(crate) burndown: Option<BurnDown>,
+    pub(crate) history: Option<History>,
+    pub(crate) writers: Vec<WriterRun>,
+    pub(crate) idle: Option<IdleResult>,
+    pub(crate) baseline: Option<BaselineResult>,
+}
+
+pub(crate) fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "NOT met" }
+}
+
+impl Results {
+    /// Whether a target is met; a smoke run's sizes are too small to say.
+    pub(crate) fn verdict(&self, sizes: &Sizes, ok: bool) -> &'static str {
+        if sizes.smoke { "(smoke)" } else { verdict(ok) }
+    }
+}
+
+impl Results {
+    pub(crate) fn print_summary(&self, sizes: &Sizes) {
+        println!("\n=== Summary ===\n");
+        println!("| scenario | measured | target | |");
+        println!("|---|---|---|---|");
+        if let Some(l) = &self.latency {
+            println!(
+                "| latency, {} commits at {}/s | p50 {} ms, p90 {} ms, p99 {} ms, max {} ms | p50 ≤ 2 ms, p99 ≤ 10 ms | {} |",
+                sizes.latency_commits,
+                sizes.latency_rate,
+                ms(l.relay.p50),
+                ms(l.relay.p90),
+                ms(l.relay.p99),
+                ms(l.relay.max),
+                self.verdict(sizes, l.relay.p50 <= 2.0 && l.relay.p99 <= 10.0)
+            );
+            println!(
+                "| (floor: commit → plain LISTENer) | p50 {} ms, p99 {} ms; insert+commit p50 {} ms | | |",
+                ms(l.notify_floor.p50),
+                ms(l.notify_floor.p99),
+                ms(l.commit.p50)
+            );
+        }
+        let burn = self
+            .burndown
+            .as_ref()
+            .or(self.history.as_ref().map(|h| &h.none));
+        if let Some(b) = burn {
+            println!(
+                "| burn-down, {} rows × 2 tuples | {:.0} rows/s, {:.0} tuples/s, {} Writes | ≥ 20,000 rows/s | {} |",
+                b.rows,
+                b.rows_per_s(),
+                b.tuples_per_s(),
+                b.writes,
+                self.verdict(sizes, b.rows_per_s() >= 20_000.0)
+            );
+        }
+        if !self.writers.is_empty() {
+            let med = |c: u32, k: TriggerKind| {
+                self.writers
+                    .iter()
+                    .find(|r| r.clients == c && r.trigger == k)
+                    .map_or(f64::NAN, WriterRun::median)
+            };
+            for &c in &sizes.pgbench_clients {
+                let none = med(c, TriggerKind::None);
+                let relay = med(c, TriggerKind::Relay);
+                let plain = med(c, TriggerKind::PlainNotify);
+                let relay_ratio = round_ratio(&self.writers, c, TriggerKind::Relay);
+                let plain_ratio = round_ratio(&self.writers, c, TriggerKind::PlainNotify);
+                let target = if c == 8 {
+                    "trigger costs ≤ 10%"
+                } else {
+                    "(no target at 1 client)"
+                };
+                let v = if c == 8 {
+                    self.verdict(sizes, relay_ratio >= 0.90)
+                } else {
+                    ""
+                };
+                let rate = |k: TriggerKind| {
+                    self.writers
+                        .iter()
+                        .find(|r| r.clients == c && r.trigger == k)
+                        .map_or(f64::NAN, WriterRun::notify_rate)
+                };
+                println!(
+                    "| writers, {c} client(s), tps | none {none:.0}; relay's trigger {relay:.0} ({:+.0}%, {:.1} NOTIFYs per 1000 tx); plain NOTIFY {plain:.0} ({:+.0}%) | {target} | {v} |",
+                    (relay_ratio - 1.0) * 100.0,
+                    rate(TriggerKind::Relay),
+                    (plain_ratio - 1.0) * 100.0
+                );
+            }
+        }
+        if let Some(h) = &self.history {
+            let ratio = h.full.rows_per_s() / h.none.rows_per_s();
+            // Finding pending rows: what the claim reads, with and without the history. The
+            // burn-down rates say the same with the machine's noise on top.
+            let (idle_full, idle_none) = (top_buffers(&h.idle_full), top_buffers(&h.idle_none));
+            let (busy_full, busy_none) =
+                (top_buffers(&h.full.explain), top_buffers(&h.none.explain));
+            println!(
+                "| history: {} delivered rows vs none | claim with nothing pending: {idle_full} vs {idle_none} buffers, {:.3} vs {:.3} ms; claim of a page of the backlog: {busy_full} vs {busy_none} buffers, {:.2} vs {:.2} ms; burn-down {:.0} vs {:.0} rows/s ({ratio:.2}×) | as fast | {} |",
+                sizes.history,
+                exec_ms(&h.idle_full),
+                exec_ms(&h.idle_none),
+                exec_ms(&h.full.explain),
+                exec_ms(&h.none.explain),
+                h.full.rows_per_s(),
+                h.none.rows_per_s(),
+                self.verdict(
+                    sizes,
+                    idle_full <= 4 && busy_full as f64 <= 1.1 * busy_none as f64
+                )
+            );
+        }
+        if let Some(i) = &self.idle {
+            let pct = i.cpu.relay / i.cpu.wall * 100.0;
+            println!(
+                "| idle, {:.0} s | {} statements ({:.2}/s), {} Writes; relay CPU {:.3}% of a core | only sweeps and heartbeats, ~0% CPU | {} |",
+                i.secs,
+                i.total_statements(),
+                i.total_statements() as f64 / i.secs,
+                i.writes,
+                pct,
+                self.verdict(sizes, pct < 0.5 && i.writes == 0)
+            );
+        }
+        if let Some(b) = &self.baseline {
+            let rl = self.latency.as_ref().map(|l| &l.relay);
+            let lat_ratio = rl.map_or(String::from("-"), |r| {
+                format!(
+                    "p50 {:.0}×, p99 {:.0}× the relay's",
+                    b.latency.relay.p50 / r.p50,
+                    b.latency.relay.p99 / r.p99
+                )
+            });
+            println!(
+                "| baseline drainer, latency | p50 {} ms, p99 {} ms, max {} ms; {lat_ratio} | | |",
+                ms(b.latency.relay.p50),
+                ms(b.latency.relay.p99),
+                ms(b.latency.relay.max)
+            );
+            let burn_ratio = burn.map_or(String::from("-"), |r| {
+                format!("relay {:.0}× faster", r.rows_per_s() / b.rows_per_s())
+            });
+            println!(
+                "| baseline drainer, burn-down of {} rows | {:.0} rows/s, {} Writes; {burn_ratio} | | |",
+                b.rows,
+                b.rows_per_s(),
+                b.writes
+            );
+        }
+    }
+}

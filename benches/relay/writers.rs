@@ -1,0 +1,227 @@
+//! Scenario: what the wake-up trigger costs inserting transactions, against no trigger and a
+//! plain NOTIFY trigger, at 1 and 8 clients.
+
+use crate::args::Sizes;
+use crate::common;
+use crate::common::fga::FakeFga;
+use crate::harness::Bench;
+use crate::pgbench::{PGBENCH_SCRIPT, pgbench, pgbench_path, pgbench_tps};
+use crate::stats::median;
+use anyhow::{Context, Result};
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TriggerKind {
+    None,
+    Relay,
+    PlainNotify,
+}
+
+impl TriggerKind {
+    /// Without the relay's trigger, the relay says so at start and whenever a sweep finds rows.
+    pub(crate) fn expected_warnings(self) -> &'static [&'static str] {
+        match self {
+            TriggerKind::Relay => &[],
+            _ => &["wake-up trigger", "the sweep found rows"],
+        }
+    }
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            TriggerKind::None => "no trigger",
+            TriggerKind::Relay => "relay's trigger",
+            TriggerKind::PlainNotify => "plain NOTIFY trigger",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct WriterRun {
+    pub(crate) clients: u32,
+    pub(crate) trigger: TriggerKind,
+    pub(crate) tps: Vec<f64>,
+    pub(crate) relay_cpu: Vec<f64>,
+    /// Transactions run and notifications the relay received, over all runs.
+    pub(crate) transactions: i64,
+    pub(crate) notifications: f64,
+    /// CPU share of processes other than the bench's, per run.
+    pub(crate) others: Vec<f64>,
+}
+
+impl WriterRun {
+    /// NOTIFYs per 1000 transactions: each notifying transaction took PostgreSQL's global
+    /// NOTIFY lock at commit (notifications of different transactions are never folded).
+    pub(crate) fn notify_rate(&self) -> f64 {
+        self.notifications / self.transactions.max(1) as f64 * 1000.0
+    }
+
+    pub(crate) fn median(&self) -> f64 {
+        median(self.tps.clone())
+    }
+}
+
+/// The median over rounds of `kind`'s throughput relative to no trigger in the same round:
+/// runs of one round are back to back, so they share the machine's load, whatever else runs.
+pub(crate) fn round_ratio(runs: &[WriterRun], clients: u32, kind: TriggerKind) -> f64 {
+    let find = |k: TriggerKind| runs.iter().find(|r| r.clients == clients && r.trigger == k);
+    let (Some(a), Some(base)) = (find(kind), find(TriggerKind::None)) else {
+        return f64::NAN;
+    };
+    median(a.tps.iter().zip(&base.tps).map(|(x, b)| x / b).collect())
+}
+
+impl Bench {
+    pub(crate) async fn set_trigger(&self, kind: TriggerKind) -> Result<()> {
+        match kind {
+            TriggerKind::Relay => self.migrate()?,
+            TriggerKind::None => {
+                self.admin
+                    .batch_execute("DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox")
+                    .await?
+            }
+            TriggerKind::PlainNotify => {
+                self.admin
+                    .batch_execute(
+                        "CREATE OR REPLACE FUNCTION bench_plain_notify() RETURNS trigger \
+                         LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('fga_outbox', ''); \
+                         RETURN NULL; END $$; \
+                         DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox; \
+                         CREATE TRIGGER fga_outbox_notify AFTER INSERT ON fga_outbox \
+                         FOR EACH STATEMENT EXECUTE FUNCTION bench_plain_notify()",
+                    )
+                    .await?
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn writers(&self, sizes: &Sizes) -> Result<Vec<WriterRun>> {
+        let Some(bin) = pgbench_path() else {
+            println!("pgbench not found (set PGBENCH): skipped");
+            return Ok(Vec::new());
+        };
+        let socket_dir = self
+            .db
+            .socket_dir()
+            .context("the bench runs its own cluster")?
+            .to_owned();
+        let script =
+            std::env::temp_dir().join(format!("fga-relay-bench-{}.sql", std::process::id()));
+        std::fs::write(&script, PGBENCH_SCRIPT)?;
+        let kinds = [
+            TriggerKind::None,
+            TriggerKind::Relay,
+            TriggerKind::PlainNotify,
+        ];
+        let mut runs: Vec<WriterRun> = Vec::new();
+        println!(
+            "pgbench -M prepared, one single-row INSERT per transaction, {} s a run, {} round(s) \
+             of the three configurations back to back; a relay runs throughout (sweep 100 ms, so \
+             that it delivers without a trigger too)",
+            sizes.pgbench_seconds, sizes.pgbench_runs
+        );
+        for &clients in &sizes.pgbench_clients {
+            for kind in kinds {
+                runs.push(WriterRun {
+                    clients,
+                    trigger: kind,
+                    tps: Vec::new(),
+                    relay_cpu: Vec::new(),
+                    transactions: 0,
+                    notifications: 0.0,
+                    others: Vec::new(),
+                });
+            }
+            for run in 0..sizes.pgbench_runs {
+                // A different order each round, so that a drift in the machine's load does not
+                // always fall on the same configuration.
+                let mut order = kinds;
+                order.rotate_left(run % kinds.len());
+                for kind in order {
+                    self.truncate().await?;
+                    self.set_trigger(kind).await?;
+                    let fga = FakeFga::start();
+                    let relay = self
+                        .start_relay(
+                            &fga,
+                            &[
+                                ("FGA_RELAY_SWEEP_INTERVAL", "100ms"),
+                                ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
+                            ],
+                        )
+                        .await?;
+                    let metrics = relay.endpoint().await;
+                    let notified0 = notifications(&metrics).await;
+                    let secs = sizes.pgbench_seconds;
+                    let child = pgbench(&bin, &socket_dir, &script, clients, secs)?;
+                    let pgbench_pid = child.id();
+                    let finished = tokio::task::spawn_blocking(move || child.wait_with_output());
+                    // CPU is measured over the middle of the run, while every writer's session
+                    // exists: a process that has exited no longer shows its CPU time.
+                    let margin = if secs >= 3 { 1.0 } else { 0.2 };
+                    tokio::time::sleep(Duration::from_secs_f64(margin)).await;
+                    let cpu0 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
+                    tokio::time::sleep(Duration::from_secs_f64(secs as f64 - 2.0 * margin)).await;
+                    let cpu1 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
+                    let tps = pgbench_tps(finished.await??)?;
+                    let notified = notifications(&metrics).await - notified0;
+                    self.wait_drained(Duration::from_secs(120), Duration::from_millis(20))
+                        .await?;
+                    let rows = self.count("SELECT count(*) FROM fga_outbox").await?;
+                    self.stop_relay(relay, kind.label(), kind.expected_warnings())
+                        .await;
+                    let cpu = cpu0.until(&cpu1);
+                    let pct = |x: f64| x / cpu.wall * 100.0;
+                    println!(
+                        "  {clients} client(s), {:<21} {tps:>7.0} tps; {rows} rows, all \
+                         delivered; {notified:.0} notifications reached the relay; CPU: relay \
+                         {:.0}%, its sessions {:.0}%, writers' sessions and the rest of \
+                         PostgreSQL {:.0}%, pgbench {:.0}%, other processes {:.0}%",
+                        kind.label(),
+                        pct(cpu.relay),
+                        pct(cpu.relay_pg),
+                        pct(cpu.pg_other),
+                        pct(cpu.pgbench),
+                        pct(cpu.others())
+                    );
+                    let run = runs
+                        .iter_mut()
+                        .find(|r| r.clients == clients && r.trigger == kind)
+                        .expect("set up above");
+                    run.tps.push(tps);
+                    run.relay_cpu.push(cpu.relay / cpu.wall);
+                    run.transactions += rows;
+                    run.notifications += notified;
+                    run.others.push(cpu.others() / cpu.wall);
+                }
+            }
+        }
+        self.set_trigger(TriggerKind::Relay).await?;
+        let _ = std::fs::remove_file(&script);
+        for &clients in &sizes.pgbench_clients {
+            for r in runs.iter().filter(|r| r.clients == clients) {
+                println!(
+                    "  median, {clients} client(s), {:<21} {:>7.0} tps ({:+.1}% vs. no trigger, \
+                     median of the rounds); {:.2} NOTIFYs per 1000 transactions; relay CPU \
+                     {:.0}%, other processes {:.0}%",
+                    r.trigger.label(),
+                    r.median(),
+                    (round_ratio(&runs, clients, r.trigger) - 1.0) * 100.0,
+                    r.notify_rate(),
+                    median(r.relay_cpu.clone()) * 100.0,
+                    median(r.others.clone()) * 100.0
+                );
+            }
+        }
+        Ok(runs)
+    }
+}
+
+/// Notifications the relay has received, from its `/metrics`.
+async fn notifications(base: &str) -> f64 {
+    let metrics = common::metrics::scrape(base).await;
+    metrics
+        .get("fga_relay_notifications_total")
+        .copied()
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,34 @@
+//! `fga-relay drain`: delivers every row pending now, then exits.
+
+use super::failure::Failure;
+use super::open::build_relay;
+use crate::config;
+use crate::settings::RelayArgs;
+use clap::Args;
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub struct Drain {
+    #[command(flatten)]
+    relay: RelayArgs,
+    /// How long to try.
+    #[arg(long, default_value = "60s")]
+    timeout: String,
+}
+
+impl Drain {
+    pub async fn execute(self) -> Result<ExitCode, Failure> {
+        let timeout = config::parse_positive_duration("--timeout", &self.timeout)?;
+        let (db, fga, delivery) = self.relay.settings()?;
+        let (relay, _) = build_relay(db, fga, delivery, "drain", None).await?;
+        let shutdown = crate::shutdown::on_signals()
+            .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
+        let left = relay.drain(timeout, shutdown).await?;
+        if left == 0 {
+            Ok(ExitCode::SUCCESS)
+        } else {
+            eprintln!("fga-relay: {left} row(s) still pending after {timeout:?}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! How a command fails, and which exit status that is.
+
+use crate::config::ConfigError;
+use crate::schema::SchemaProblem;
+
+/// How a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// Bad settings or a missing schema: exit status 2.
+    #[error("{0}")]
+    Config(String),
+    /// Anything else: exit status 1.
+    #[error("{0:#}")]
+    Other(#[from] anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        Failure::Config(e.to_string())
+    }
+}
+
+impl From<SchemaProblem> for Failure {
+    fn from(e: SchemaProblem) -> Self {
+        match e {
+            SchemaProblem::Db(e) => Failure::Other(anyhow::anyhow!(crate::db::describe(&e))),
+            other => Failure::Config(other.to_string()),
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for Failure {
+    fn from(e: crate::store::StoreError) -> Self {
+        Failure::Other(e.into())
+    }
+}

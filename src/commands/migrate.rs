@@ -1,0 +1,32 @@
+//! `fga-relay migrate`: creates the outbox schema or upgrades it, keeping every row.
+
+use super::failure::Failure;
+use crate::schema;
+use crate::settings::DbArgs;
+use clap::Args;
+use std::process::ExitCode;
+use tracing::info;
+
+#[derive(Args, Debug)]
+pub struct Migrate {
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+impl Migrate {
+    pub async fn execute(self) -> Result<ExitCode, Failure> {
+        let db = self.db.settings()?;
+        let cfg = crate::db::pg_config(&db, "fga-relay migrate")?;
+        let (mut client, conn) = crate::db::connect_dedicated(&cfg)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect: {}", crate::db::describe(&e)))?;
+        let driver = tokio::spawn(conn);
+        schema::migrate(&mut client, &db.table)
+            .await
+            .map_err(|e| anyhow::anyhow!("migrate failed: {}", crate::db::describe(&e)))?;
+        drop(client);
+        let _ = driver.await;
+        info!(table = %db.table, "schema is up to date");
+        Ok(ExitCode::SUCCESS)
+    }
+}

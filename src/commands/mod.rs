@@ -1,0 +1,27 @@
+//! The commands, one a file, in the shape of mini-redis's `cmd/`: each holds its flags (a clap
+//! `Args` struct, its help text the subcommand's in `cli.rs`) and `execute`, which does the work
+//! and says the exit status.
+//!
+//! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout; for
+//! `reconcile`: drift); 2 bad settings, with one line naming the setting.
+
+mod drain;
+mod failure;
+mod migrate;
+mod open;
+mod prune;
+mod reconcile;
+mod retry;
+mod run;
+mod sql;
+mod status;
+
+pub use drain::Drain;
+pub use failure::Failure;
+pub use migrate::Migrate;
+pub use prune::Prune;
+pub use reconcile::Reconcile;
+pub use retry::Retry;
+pub use run::Run;
+pub use sql::Sql;
+pub use status::Status;

@@ -1,0 +1,133 @@
+//! What commands open before their work: the outbox store, once the schema is checked (waited
+//! for, for the daemon), and for `run` and `drain` a relay with its OpenFGA client checked.
+
+use super::failure::Failure;
+use crate::config::{self, Auth, DbSettings, DeliverySettings, FgaSettings};
+use crate::metrics::Metrics;
+use crate::openfga::{FgaClient, PreflightError};
+use crate::relay::Relay;
+use crate::schema;
+use crate::store::Store;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// A pool-backed store after checking that `migrate` has run.
+pub(super) async fn open_store(db: &DbSettings, application_name: &str) -> Result<Store, Failure> {
+    let cfg = crate::db::pg_config(db, application_name)?;
+    let store = Store::new(crate::db::pool(cfg, 2), db.table.clone());
+    check_schema(&store).await?;
+    Ok(store)
+}
+
+async fn check_schema(store: &Store) -> Result<schema::TableInfo, Failure> {
+    let client = store
+        .pool()
+        .get()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {}", pool_error(&e)))?;
+    Ok(schema::check(&client, store.table()).await?)
+}
+
+/// [`check_schema`] for the daemon: a database that is not up yet (the relay started first, or
+/// is restarting) is waited for, with backoff, until `shutdown`. A missing table is still bad
+/// configuration at once.
+async fn wait_for_schema(
+    store: &Store,
+    shutdown: &CancellationToken,
+) -> Result<schema::TableInfo, Failure> {
+    const WAIT: crate::backoff::Backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut attempt = 0;
+    loop {
+        match check_schema(store).await {
+            Err(Failure::Other(e)) if !shutdown.is_cancelled() => {
+                attempt += 1;
+                let wait = WAIT.delay(attempt);
+                warn!(error = %format!("{e:#}"), retry_in = ?wait, "waiting for PostgreSQL");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.cancelled() => return Err(Failure::Other(e)),
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+fn pool_error(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => crate::db::describe(e),
+        other => other.to_string(),
+    }
+}
+
+/// Builds a relay for `run` or `drain`: settings logged, schema checked, store checked.
+pub(super) async fn build_relay(
+    db: DbSettings,
+    fga: FgaSettings,
+    delivery: DeliverySettings,
+    command: &str,
+    wait_for_db: Option<&CancellationToken>,
+) -> Result<(Relay, Registry), Failure> {
+    let auth = match &fga.auth {
+        Auth::None => "none",
+        Auth::ApiToken(_) => "preshared key",
+        Auth::ClientCredentials { .. } => "client credentials",
+    };
+    info!(
+        command,
+        database = %config::redact_database_url(db.url.expose()),
+        table = %db.table,
+        api_url = %fga.api_url,
+        store = ?fga.store,
+        model = fga.model_id.as_deref().unwrap_or("latest"),
+        auth,
+        request_timeout = ?fga.request_timeout,
+        max_tuples_per_write = fga.max_tuples_per_write,
+        sweep_interval = ?delivery.sweep_interval,
+        heartbeat_interval = ?delivery.heartbeat_interval,
+        leader_lease = ?delivery.leader_lease,
+        max_attempts = delivery.max_attempts,
+        batch_size = delivery.batch_size,
+        version = env!("CARGO_PKG_VERSION"),
+        "fga-relay starting"
+    );
+    let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
+    pg.idle_in_transaction = Some(crate::db::claim_idle_limit(fga.request_timeout));
+    let store = Store::new(crate::db::pool(pg.clone(), 4), db.table.clone());
+    let table = match wait_for_db {
+        Some(shutdown) => wait_for_schema(&store, shutdown).await?,
+        None => check_schema(&store).await?,
+    };
+    if !table.trigger {
+        warn!(table = %db.table, "the wake-up trigger is missing or disabled: rows will be found \
+            only by the sweep; run `fga-relay migrate`");
+    }
+    let client = Arc::new(FgaClient::new(&fga)?);
+    match client.preflight().await {
+        Ok(name) => info!(store = %name, "OpenFGA store found"),
+        Err(PreflightError::Config(e)) => return Err(e.into()),
+        Err(PreflightError::Unavailable(e)) => {
+            warn!(error = %e, "cannot check the OpenFGA store now; starting anyway and retrying")
+        }
+    }
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let relay = Relay {
+        pg,
+        db,
+        fga,
+        delivery,
+        store,
+        client,
+        metrics,
+        table,
+        identity: crate::relay::identity(),
+        systemd: Arc::new(crate::systemd::Notifier::disabled()),
+        terms: Default::default(),
+    };
+    Ok((relay, registry))
+}

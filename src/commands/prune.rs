@@ -1,0 +1,43 @@
+//! `fga-relay prune`: deletes delivered rows older than a duration, in small batches.
+
+use super::failure::Failure;
+use super::open::open_store;
+use crate::config::{self, ConfigError};
+use crate::settings::DbArgs;
+use clap::Args;
+use std::process::ExitCode;
+use tracing::info;
+
+/// Rows deleted per `prune` statement: small enough that no batch holds locks for long.
+const PRUNE_BATCH: i64 = 1000;
+
+#[derive(Args, Debug)]
+pub struct Prune {
+    #[command(flatten)]
+    db: DbArgs,
+    /// E.g. 30d, 12h.
+    #[arg(long)]
+    older_than: String,
+}
+
+impl Prune {
+    pub async fn execute(self) -> Result<ExitCode, Failure> {
+        let Prune { db, older_than } = self;
+        let age = config::parse_duration("--older-than", &older_than)?;
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(age)
+            .ok_or_else(|| ConfigError::new("--older-than", "is too long"))?;
+        let store = open_store(&db.settings()?, "fga-relay prune").await?;
+        let mut total = 0u64;
+        loop {
+            let n = store.prune_batch(cutoff, PRUNE_BATCH).await?;
+            total += n;
+            if n < PRUNE_BATCH as u64 {
+                break;
+            }
+        }
+        info!(rows = total, older_than = %older_than, "pruned delivered rows");
+        println!("{total} delivered row(s) deleted");
+        Ok(ExitCode::SUCCESS)
+    }
+}

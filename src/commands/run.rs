@@ -1,0 +1,56 @@
+//! `fga-relay run`: the relay as a daemon, with /healthz and /metrics, until SIGTERM/SIGINT.
+
+use super::failure::Failure;
+use super::open::build_relay;
+use crate::config::{self, ConfigError};
+use crate::http::Endpoint;
+use crate::settings::{DEFAULT_HTTP_ADDR, RelayArgs, or_default};
+use clap::Args;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tracing::info;
+
+#[derive(Args, Debug)]
+pub struct Run {
+    #[command(flatten)]
+    relay: RelayArgs,
+    /// Address for /healthz and /metrics, or "off".
+    #[arg(long, env = "FGA_RELAY_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
+    http_addr: String,
+}
+
+impl Run {
+    pub async fn execute(self) -> Result<ExitCode, Failure> {
+        let http_addr = config::parse_http_addr(or_default(&self.http_addr, DEFAULT_HTTP_ADDR))?;
+        let (db, fga, delivery) = self.relay.settings()?;
+        let shutdown = crate::shutdown::on_signals()
+            .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
+        let (mut relay, registry) = build_relay(db, fga, delivery, "run", Some(&shutdown)).await?;
+        relay.systemd = Arc::new(crate::systemd::Notifier::from_env());
+        let endpoint = Arc::new(Endpoint {
+            registry,
+            metrics: relay.metrics.clone(),
+            healthy: false.into(),
+            store: relay.store.clone(),
+        });
+        if let Some(addr) = http_addr {
+            let (bound, _task) = crate::http::serve(addr, endpoint.clone(), shutdown.clone())
+                .await
+                .map_err(|e| {
+                    ConfigError::new(
+                        "--http-addr (FGA_RELAY_HTTP_ADDR)",
+                        format!("cannot listen on {addr}: {e}"),
+                    )
+                })?;
+            info!(addr = %bound, "serving /healthz and /metrics");
+        }
+        let health = endpoint.clone();
+        relay
+            .run(shutdown, move |up| {
+                health.healthy.store(up, Ordering::Relaxed);
+            })
+            .await;
+        Ok(ExitCode::SUCCESS)
+    }
+}

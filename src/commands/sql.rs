@@ -1,0 +1,34 @@
+//! `fga-relay sql`: the schema SQL, or the least-privilege roles, for the user's own migration tool.
+
+use super::failure::Failure;
+use crate::config::TableName;
+use crate::schema;
+use crate::settings::{DEFAULT_TABLE, or_default};
+use clap::Args;
+use std::process::ExitCode;
+
+/// `sql/roles.sql`: the writer and relay roles, printed by `fga-relay sql --roles`.
+const ROLES_SQL: &str = include_str!("../../sql/roles.sql");
+
+#[derive(Args, Debug)]
+pub struct Sql {
+    /// The outbox table's name.
+    #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = DEFAULT_TABLE)]
+    table: String,
+    /// Print the least-privilege roles instead (a writer role and a relay role), to run
+    /// after `migrate`.
+    #[arg(long)]
+    roles: bool,
+}
+
+impl Sql {
+    pub async fn execute(self) -> Result<ExitCode, Failure> {
+        let table = TableName::parse(or_default(&self.table, DEFAULT_TABLE))?;
+        if self.roles {
+            print!("{}", schema::render(ROLES_SQL, &table));
+        } else {
+            print!("{}", schema::full_sql(&table));
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}

@@ -1,0 +1,455 @@
+//! The database side of `reconcile`: one dedicated session whose temporary tables hold what is
+//! compared, the SQL of `sql/queries/reconcile_*.sql`, and the repair's inserts.
+
+use super::compare::{Candidate, Finding, Kind, Repair, Summary, condition_value};
+use super::progress::{Meter, Progress};
+use super::report::Report;
+use crate::config::DbSettings;
+use crate::payload::TupleKey;
+use crate::schema::render;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+use tokio_postgres::types::ToSql;
+use tracing::info;
+
+/// Rows fetched from the comparison's cursor at a time.
+pub(super) const CURSOR_PAGE: usize = 1000;
+/// Drifted tuples gathered before they are recorded for `--repair` at once.
+pub(super) const DRIFT_BATCH: usize = 1000;
+/// How long to wait for transactions that were inserting rows when the check started.
+pub(super) const WRITERS_WAIT: Duration = Duration::from_secs(60);
+
+/// The SQL of `sql/queries/reconcile_*.sql`, with the table name substituted.
+pub(super) struct Queries {
+    pub(super) setup: String,
+    pub(super) scope: String,
+    pub(super) newest: String,
+    pub(super) writers: String,
+    pub(super) writers_left: String,
+    pub(super) expected: String,
+    pub(super) index: String,
+    pub(super) delivered: String,
+    pub(super) keys: String,
+    pub(super) actual: String,
+    pub(super) moved: String,
+    pub(super) compare: String,
+    pub(super) unknown: String,
+    pub(super) drift: String,
+    pub(super) lock: String,
+    pub(super) recheck: String,
+    pub(super) repair: String,
+}
+
+/// The session `reconcile` works in: one dedicated connection, whose temporary tables hold what
+/// is compared.
+pub(super) struct Db {
+    pub(super) client: tokio_postgres::Client,
+    pub(super) table: String,
+    pub(super) q: Queries,
+}
+
+pub(super) fn db_error(what: &str, e: tokio_postgres::Error) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {}", crate::db::describe(&e))
+}
+
+impl Db {
+    pub(super) async fn connect(db: &DbSettings) -> anyhow::Result<Db> {
+        let cfg = crate::db::pg_config(db, "fga-relay reconcile")?;
+        let (client, conn) = crate::db::connect_dedicated(&cfg)
+            .await
+            .map_err(|e| db_error("cannot connect to PostgreSQL", e))?;
+        tokio::spawn(conn);
+        crate::schema::check(&client, &db.table)
+            .await
+            .map_err(|e| match e {
+                crate::schema::SchemaProblem::Db(e) => db_error("cannot check the schema", e),
+                other => anyhow::anyhow!(other),
+            })?;
+        let r = |sql: &str| render(sql, &db.table);
+        let q = Queries {
+            setup: r(include_str!("../../sql/queries/reconcile_setup.sql")),
+            scope: r(include_str!("../../sql/queries/reconcile_scope.sql")),
+            newest: r(include_str!("../../sql/queries/reconcile_newest.sql")),
+            writers: r(include_str!("../../sql/queries/reconcile_writers.sql")),
+            writers_left: r(include_str!("../../sql/queries/reconcile_writers_left.sql")),
+            expected: r(include_str!("../../sql/queries/reconcile_expected.sql")),
+            index: r(include_str!("../../sql/queries/reconcile_index.sql")),
+            delivered: r(include_str!("../../sql/queries/reconcile_delivered.sql")),
+            keys: r(include_str!("../../sql/queries/reconcile_keys.sql")),
+            actual: r(include_str!("../../sql/queries/reconcile_actual.sql")),
+            moved: r(include_str!("../../sql/queries/reconcile_moved.sql")),
+            compare: r(include_str!("../../sql/queries/reconcile_compare.sql")),
+            unknown: r(include_str!("../../sql/queries/reconcile_unknown.sql")),
+            drift: r(include_str!("../../sql/queries/reconcile_drift.sql")),
+            lock: r(include_str!("../../sql/queries/reconcile_lock.sql")),
+            recheck: r(include_str!("../../sql/queries/reconcile_recheck.sql")),
+            repair: r(include_str!("../../sql/queries/reconcile_repair.sql")),
+        };
+        Ok(Db {
+            client,
+            table: db.table.to_string(),
+            q,
+        })
+    }
+
+    pub(super) async fn setup(&self) -> anyhow::Result<()> {
+        self.client
+            .batch_execute(&self.q.setup)
+            .await
+            .map_err(|e| db_error("cannot create the working tables (TEMPORARY privilege?)", e))
+    }
+
+    /// The first id of the rows created within `d`: the rows after the last one older.
+    pub(super) async fn first_row_since(&self, d: Duration) -> anyhow::Result<i64> {
+        let row = self
+            .client
+            .query_opt(&self.q.scope, &[&d.as_secs_f64()])
+            .await
+            .map_err(|e| db_error("cannot find the rows of --since", e))?;
+        Ok(row.map_or(0, |r| r.get::<_, i64>(0) + 1))
+    }
+
+    pub(super) async fn newest_row(&self) -> anyhow::Result<i64> {
+        let row = self
+            .client
+            .query_one(&self.q.newest, &[])
+            .await
+            .map_err(|e| db_error("cannot read the outbox", e))?;
+        Ok(row.get(0))
+    }
+
+    /// Waits until every transaction that may be inserting rows into the outbox now has ended,
+    /// so that no row at or below the newest id seen before can still appear. Never blocks
+    /// anyone: it only looks at `pg_locks`.
+    pub(super) async fn wait_for_writers(&self) -> anyhow::Result<()> {
+        let rows = self
+            .client
+            .query(&self.q.writers, &[])
+            .await
+            .map_err(|e| db_error("cannot list the outbox's writers", e))?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let vxids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        let deadline = Instant::now() + WRITERS_WAIT;
+        loop {
+            let left: i64 = self
+                .client
+                .query_one(&self.q.writers_left, &[&vxids])
+                .await
+                .map_err(|e| db_error("cannot watch the outbox's writers", e))?
+                .get(0);
+            if left == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let pids: Vec<String> = rows
+                    .iter()
+                    .map(|r| r.get::<_, Option<i32>>(1).unwrap_or(0).to_string())
+                    .collect();
+                anyhow::bail!(
+                    "transactions writing to {} have stayed open for over {WRITERS_WAIT:?} \
+                     (pid {}); reconcile needs them committed to know what the outbox says",
+                    self.table,
+                    pids.join(", ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Fills `reconcile_expected` from rows `from..=through`; returns how many tuples.
+    pub(super) async fn expected(&self, from: i64, through: i64) -> anyhow::Result<u64> {
+        let n = self
+            .client
+            .execute(&self.q.expected, &[&from, &through])
+            .await
+            .map_err(|e| db_error("cannot compute the expected state", e))?;
+        self.client
+            .batch_execute(&self.q.index)
+            .await
+            .map_err(|e| db_error("cannot index the expected state", e))?;
+        Ok(n)
+    }
+
+    pub(super) async fn delivered_tuples(&self) -> anyhow::Result<u64> {
+        let n: i64 = self
+            .client
+            .query_one(&self.q.delivered, &[])
+            .await
+            .map_err(|e| db_error("cannot count the compared tuples", e))?
+            .get(0);
+        Ok(n as u64)
+    }
+
+    /// The next `limit` compared tuples after `after`, in key order.
+    pub(super) async fn keys_after(
+        &self,
+        after: &TupleKey,
+        limit: i64,
+    ) -> anyhow::Result<Vec<TupleKey>> {
+        let rows = self
+            .client
+            .query(
+                &self.q.keys,
+                &[&after.object, &after.relation, &after.user, &limit],
+            )
+            .await
+            .map_err(|e| db_error("cannot read the compared tuples", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| TupleKey {
+                object: r.get(0),
+                relation: r.get(1),
+                user: r.get(2),
+            })
+            .collect())
+    }
+
+    /// Records tuples read from OpenFGA; returns how many the outbox does not speak of.
+    pub(super) async fn record_actual(
+        &self,
+        tuples: &[crate::openfga::ReadTuple],
+        keep_unknown: bool,
+    ) -> anyhow::Result<u64> {
+        if tuples.is_empty() {
+            return Ok(0);
+        }
+        let (objects, relations, users) = key_columns(tuples.iter().map(|t| &t.key));
+        let conditions: Vec<Option<Value>> = tuples
+            .iter()
+            .map(|t| t.condition.as_ref().map(condition_value))
+            .collect();
+        let unknown: i64 = self
+            .client
+            .query_one(
+                &self.q.actual,
+                &[&objects, &relations, &users, &conditions, &keep_unknown],
+            )
+            .await
+            .map_err(|e| db_error("cannot record what OpenFGA holds", e))?
+            .get(0);
+        Ok(unknown as u64)
+    }
+
+    /// Records the tuples that rows after `through` touch.
+    pub(super) async fn moved_since(&self, through: i64) -> anyhow::Result<()> {
+        self.client
+            .execute(&self.q.moved, &[&through])
+            .await
+            .map_err(|e| db_error("cannot read the rows that arrived while checking", e))?;
+        Ok(())
+    }
+
+    /// Streams the tuples not plainly in step through a cursor, reports each, counts them, and
+    /// records the drift for `--repair`.
+    pub(super) async fn compare(
+        &mut self,
+        out: &mut Report,
+        summary: &mut Summary,
+        record_drift: bool,
+    ) -> anyhow::Result<()> {
+        let mut progress = Progress::start("comparing", Meter::Time);
+        let what = "cannot compare";
+        let mut cursor = Cursor::open(&mut self.client, &self.q.compare, what).await?;
+        let mut drift: Vec<Finding> = Vec::new();
+        let mut not_plain = 0u64;
+        loop {
+            let rows = cursor.next().await?;
+            if rows.is_empty() {
+                break;
+            }
+            progress.add(rows.len() as u64);
+            not_plain += rows.len() as u64;
+            for r in rows {
+                let c = Candidate {
+                    key: TupleKey {
+                        object: r.get(0),
+                        relation: r.get(1),
+                        user: r.get(2),
+                    },
+                    present: r.get(3),
+                    condition: r.get(4),
+                    row: r.get(5),
+                    state: r.get(6),
+                    held: r.get(7),
+                    held_condition: r.get(8),
+                    moved: r.get(9),
+                };
+                let Some(finding) = summary.classify(c) else {
+                    continue;
+                };
+                progress.suspend(|| out.finding(&finding))?;
+                if record_drift && finding.kind.is_drift() {
+                    drift.push(finding);
+                }
+            }
+            if drift.len() >= DRIFT_BATCH {
+                record_drift_batch(&cursor.tx, &self.q.drift, &drift).await?;
+                drift.clear();
+            }
+        }
+        record_drift_batch(&cursor.tx, &self.q.drift, &drift).await?;
+        cursor.close().await?;
+        // The tuples the query did not return are in step; classify counted the others.
+        summary.in_step += summary.tuples.saturating_sub(not_plain);
+        progress.finish();
+        Ok(())
+    }
+
+    /// Reports the tuples OpenFGA holds that the outbox does not speak of (`--all`).
+    pub(super) async fn list_unknown(&mut self, out: &mut Report) -> anyhow::Result<()> {
+        let what = "cannot list the other tuples";
+        let mut cursor = Cursor::open(&mut self.client, &self.q.unknown, what).await?;
+        loop {
+            let rows = cursor.next().await?;
+            if rows.is_empty() {
+                break;
+            }
+            for r in rows {
+                out.finding(&Finding {
+                    kind: Kind::Unknown,
+                    key: TupleKey {
+                        object: r.get(0),
+                        relation: r.get(1),
+                        user: r.get(2),
+                    },
+                    row: None,
+                    condition: None,
+                    held_condition: r.get(3),
+                })?;
+            }
+        }
+        cursor.close().await
+    }
+
+    /// Enqueues the corrections of the recorded drift, in one transaction: under a SHARE ROW
+    /// EXCLUSIVE lock (no writer halfway through an insert, the relay's claims unhindered), it
+    /// drops the tuples that rows after `through` touch (the application changed them while we
+    /// checked: correcting them now would override it), then inserts the delete rows, then the
+    /// write rows, so that a tuple whose condition differs is deleted before it is written.
+    pub(super) async fn repair(
+        &mut self,
+        through: i64,
+        max_tuples: usize,
+    ) -> anyhow::Result<Repair> {
+        // Writers in flight hold the lock up; waiting for them first keeps the lock short.
+        self.wait_for_writers().await?;
+        let q = &self.q;
+        let tx = self
+            .client
+            .transaction()
+            .await
+            .map_err(|e| db_error("cannot repair", e))?;
+        if let Err(e) = tx.batch_execute(&q.lock).await {
+            if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+                anyhow::bail!(
+                    "cannot lock {} for the repair: writers kept it busy; nothing was enqueued, \
+                     try again",
+                    self.table
+                );
+            }
+            return Err(db_error("cannot lock the outbox for the repair", e));
+        }
+        let left_alone = tx
+            .execute(&q.recheck, &[&through])
+            .await
+            .map_err(|e| db_error("cannot check the rows that arrived while checking", e))?;
+        let mut repair = Repair {
+            left_alone,
+            ..Repair::default()
+        };
+        for kind in ["deletes", "writes"] {
+            let r = tx
+                .query_one(&q.repair, &[&kind, &(max_tuples as i64)])
+                .await
+                .map_err(|e| db_error("cannot enqueue the corrections", e))?;
+            let rows: i64 = r.get(0);
+            if rows == 0 {
+                continue;
+            }
+            repair.rows += rows as u64;
+            repair.operations += r.get::<_, i64>(1) as u64;
+            let (first, last): (i64, i64) = (r.get(2), r.get(3));
+            repair.first_id.get_or_insert(first);
+            repair.last_id = Some(last);
+        }
+        tx.commit()
+            .await
+            .map_err(|e| db_error("cannot enqueue the corrections", e))?;
+        info!(
+            rows = repair.rows,
+            operations = repair.operations,
+            left_alone = repair.left_alone,
+            "corrective rows enqueued"
+        );
+        Ok(repair)
+    }
+}
+
+/// A query read [`CURSOR_PAGE`] rows at a time, in a transaction of its own.
+pub(super) struct Cursor<'a> {
+    pub(super) tx: tokio_postgres::Transaction<'a>,
+    /// What failed, for the error message.
+    pub(super) what: &'static str,
+}
+
+impl<'a> Cursor<'a> {
+    pub(super) async fn open(
+        client: &'a mut tokio_postgres::Client,
+        sql: &str,
+        what: &'static str,
+    ) -> anyhow::Result<Cursor<'a>> {
+        let tx = client.transaction().await.map_err(|e| db_error(what, e))?;
+        tx.batch_execute(&format!(
+            "DECLARE reconcile_cursor NO SCROLL CURSOR FOR\n{sql}"
+        ))
+        .await
+        .map_err(|e| db_error(what, e))?;
+        Ok(Cursor { tx, what })
+    }
+
+    /// The next rows; none at the end.
+    pub(super) async fn next(&mut self) -> anyhow::Result<Vec<tokio_postgres::Row>> {
+        self.tx
+            .query(&format!("FETCH {CURSOR_PAGE} FROM reconcile_cursor"), &[])
+            .await
+            .map_err(|e| db_error(self.what, e))
+    }
+
+    pub(super) async fn close(self) -> anyhow::Result<()> {
+        let what = self.what;
+        self.tx.commit().await.map_err(|e| db_error(what, e))
+    }
+}
+
+/// The object, relation and user columns of keys, for `unnest`.
+pub(super) fn key_columns<'a>(
+    keys: impl Iterator<Item = &'a TupleKey>,
+) -> (Vec<&'a str>, Vec<&'a str>, Vec<&'a str>) {
+    let mut columns = (Vec::new(), Vec::new(), Vec::new());
+    for k in keys {
+        columns.0.push(k.object.as_str());
+        columns.1.push(k.relation.as_str());
+        columns.2.push(k.user.as_str());
+    }
+    columns
+}
+
+pub(super) async fn record_drift_batch(
+    tx: &tokio_postgres::Transaction<'_>,
+    sql: &str,
+    drift: &[Finding],
+) -> anyhow::Result<()> {
+    if drift.is_empty() {
+        return Ok(());
+    }
+    let kinds: Vec<&str> = drift.iter().map(|f| f.kind.as_str()).collect();
+    let (objects, relations, users) = key_columns(drift.iter().map(|f| &f.key));
+    let conditions: Vec<&Option<Value>> = drift.iter().map(|f| &f.condition).collect();
+    let params: [&(dyn ToSql + Sync); 5] = [&kinds, &objects, &relations, &users, &conditions];
+    tx.execute(sql, &params)
+        .await
+        .map_err(|e| db_error("cannot record the drift", e))?;
+    Ok(())
+}

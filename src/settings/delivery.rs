@@ -1,0 +1,63 @@
+//! How the delivery loop behaves: sweep and heartbeat intervals, the leader's lease, attempts,
+//! batch size.
+
+use super::{
+    DEFAULT_BATCH_SIZE, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEADER_LEASE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_SWEEP_INTERVAL, or_default,
+};
+use crate::config::{self, ConfigError, DeliverySettings};
+use clap::Args;
+
+/// How the delivery loop behaves.
+#[derive(Args, Debug)]
+pub struct DeliveryArgs {
+    /// Drain this often even without a notification.
+    #[arg(long, env = "FGA_RELAY_SWEEP_INTERVAL", default_value = DEFAULT_SWEEP_INTERVAL)]
+    pub sweep_interval: String,
+    /// Check the dedicated connection this often; a silent connection is dead after two.
+    #[arg(long, env = "FGA_RELAY_HEARTBEAT_INTERVAL", default_value = DEFAULT_HEARTBEAT_INTERVAL)]
+    pub heartbeat_interval: String,
+    /// How long leadership lasts unrenewed (renewed every heartbeat): past it, the session
+    /// holding it is ended by another relay. At least three heartbeats, longer than the request
+    /// timeout.
+    #[arg(long, env = "FGA_RELAY_LEADER_LEASE", default_value = DEFAULT_LEADER_LEASE)]
+    pub leader_lease: String,
+    /// Attempts, while other rows are delivered, after which a row failing transiently is
+    /// dead-lettered.
+    #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = DEFAULT_MAX_ATTEMPTS)]
+    pub max_attempts: String,
+    /// Rows claimed at a time.
+    #[arg(long, env = "FGA_RELAY_BATCH_SIZE", default_value = DEFAULT_BATCH_SIZE)]
+    pub batch_size: String,
+}
+
+impl DeliveryArgs {
+    pub fn settings(&self) -> Result<DeliverySettings, ConfigError> {
+        Ok(DeliverySettings {
+            sweep_interval: config::parse_positive_duration(
+                "--sweep-interval (FGA_RELAY_SWEEP_INTERVAL)",
+                or_default(&self.sweep_interval, DEFAULT_SWEEP_INTERVAL),
+            )?,
+            heartbeat_interval: config::parse_positive_duration(
+                "--heartbeat-interval (FGA_RELAY_HEARTBEAT_INTERVAL)",
+                or_default(&self.heartbeat_interval, DEFAULT_HEARTBEAT_INTERVAL),
+            )?,
+            leader_lease: config::parse_positive_duration(
+                "--leader-lease (FGA_RELAY_LEADER_LEASE)",
+                or_default(&self.leader_lease, DEFAULT_LEADER_LEASE),
+            )?,
+            max_attempts: config::parse_count(
+                "--max-attempts (FGA_RELAY_MAX_ATTEMPTS)",
+                or_default(&self.max_attempts, DEFAULT_MAX_ATTEMPTS),
+                1,
+                1_000_000,
+            )? as u32,
+            batch_size: config::parse_count(
+                "--batch-size (FGA_RELAY_BATCH_SIZE)",
+                or_default(&self.batch_size, DEFAULT_BATCH_SIZE),
+                1,
+                100_000,
+            )? as usize,
+        })
+    }
+}

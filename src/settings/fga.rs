@@ -1,0 +1,149 @@
+//! How to reach OpenFGA: its URL, the store, the model, credentials and request limits.
+
+use super::{DEFAULT_API_URL, DEFAULT_MAX_TUPLES, DEFAULT_REQUEST_TIMEOUT, non_empty, or_default};
+use crate::config::{self, Auth, ConfigError, FgaSettings, Secret, StoreRef};
+use clap::Args;
+use std::path::PathBuf;
+
+/// How to reach OpenFGA.
+#[derive(Args, Debug)]
+pub struct FgaArgs {
+    /// OpenFGA's HTTP API.
+    #[arg(long, env = "FGA_API_URL", default_value = DEFAULT_API_URL)]
+    pub api_url: String,
+    /// The store to write to.
+    #[arg(long, env = "FGA_STORE_ID")]
+    pub store_id: Option<String>,
+    /// The store to write to, by name (resolved through ListStores), instead of --store-id.
+    #[arg(long, env = "FGA_STORE_NAME")]
+    pub store_name: Option<String>,
+    /// The authorization model (default: the store's latest).
+    #[arg(long, env = "FGA_MODEL_ID")]
+    pub model_id: Option<String>,
+    /// Preshared key, sent as a Bearer token.
+    #[arg(long, env = "FGA_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// OIDC client credentials: client id.
+    #[arg(long, env = "FGA_CLIENT_ID")]
+    pub client_id: Option<String>,
+    /// OIDC client credentials: client secret.
+    #[arg(long, env = "FGA_CLIENT_SECRET", hide_env_values = true)]
+    pub client_secret: Option<String>,
+    /// OIDC token issuer (host or URL; the token endpoint is /oauth/token unless a path is given).
+    #[arg(long, env = "FGA_API_TOKEN_ISSUER")]
+    pub api_token_issuer: Option<String>,
+    /// OIDC audience.
+    #[arg(long, env = "FGA_API_AUDIENCE")]
+    pub api_audience: Option<String>,
+    /// One OpenFGA request's limit; past it the attempt counts as a transient failure.
+    #[arg(long, env = "FGA_RELAY_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT)]
+    pub request_timeout: String,
+    /// The server's limit of tuples per Write.
+    #[arg(long, env = "FGA_MAX_TUPLES_PER_WRITE", default_value = DEFAULT_MAX_TUPLES)]
+    pub max_tuples_per_write: String,
+    /// PEM file of CA certificates to trust for https, besides the system's.
+    #[arg(long, env = "FGA_CA_FILE")]
+    pub ca_file: Option<String>,
+}
+
+impl FgaArgs {
+    pub fn settings(&self) -> Result<FgaSettings, ConfigError> {
+        let api_url = config::parse_http_url(
+            "--api-url (FGA_API_URL)",
+            or_default(&self.api_url, DEFAULT_API_URL),
+        )?;
+        let store = match (non_empty(&self.store_id), non_empty(&self.store_name)) {
+            (Some(id), None) => StoreRef::Id(config::check_ulid("--store-id (FGA_STORE_ID)", id)?),
+            (None, Some(name)) => StoreRef::Name(name.to_owned()),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "--store-id (FGA_STORE_ID)",
+                    "give either a store id or a store name (FGA_STORE_NAME), not both",
+                ));
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    "--store-id (FGA_STORE_ID)",
+                    "is required (or --store-name / FGA_STORE_NAME)",
+                ));
+            }
+        };
+        let model_id = non_empty(&self.model_id)
+            .map(|m| config::check_ulid("--model-id (FGA_MODEL_ID)", m))
+            .transpose()?;
+        let auth = match (non_empty(&self.api_token), non_empty(&self.client_id)) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "--api-token (FGA_API_TOKEN)",
+                    "give either a preshared key or OIDC client credentials (FGA_CLIENT_ID), not both",
+                ));
+            }
+            (Some(token), None) => Auth::ApiToken(Secret::new(token)),
+            (None, Some(client_id)) => {
+                let secret = non_empty(&self.client_secret).ok_or_else(|| {
+                    ConfigError::new(
+                        "--client-secret (FGA_CLIENT_SECRET)",
+                        "is required with FGA_CLIENT_ID",
+                    )
+                })?;
+                let issuer = non_empty(&self.api_token_issuer).ok_or_else(|| {
+                    ConfigError::new(
+                        "--api-token-issuer (FGA_API_TOKEN_ISSUER)",
+                        "is required with FGA_CLIENT_ID",
+                    )
+                })?;
+                Auth::ClientCredentials {
+                    client_id: client_id.to_owned(),
+                    client_secret: Secret::new(secret),
+                    token_issuer: token_endpoint(issuer)?,
+                    audience: non_empty(&self.api_audience).map(str::to_owned),
+                }
+            }
+            (None, None) => Auth::None,
+        };
+        let request_timeout = config::parse_positive_duration(
+            "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)",
+            or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT),
+        )?;
+        let max_tuples_per_write = config::parse_count(
+            "--max-tuples-per-write (FGA_MAX_TUPLES_PER_WRITE)",
+            or_default(&self.max_tuples_per_write, DEFAULT_MAX_TUPLES),
+            1,
+            100_000,
+        )? as usize;
+        let ca_file = non_empty(&self.ca_file).map(PathBuf::from);
+        if let Some(path) = &ca_file
+            && !path.is_file()
+        {
+            return Err(ConfigError::new(
+                "--ca-file (FGA_CA_FILE)",
+                format!("{} is not a readable file", path.display()),
+            ));
+        }
+        Ok(FgaSettings {
+            api_url,
+            store,
+            model_id,
+            auth,
+            request_timeout,
+            max_tuples_per_write,
+            ca_file,
+        })
+    }
+}
+
+/// The token endpoint for `FGA_API_TOKEN_ISSUER`, as the OpenFGA SDKs build it: a bare host gets
+/// `https://` and `/oauth/token`; a URL without a path gets `/oauth/token`.
+fn token_endpoint(issuer: &str) -> Result<reqwest::Url, ConfigError> {
+    let setting = "--api-token-issuer (FGA_API_TOKEN_ISSUER)";
+    let with_scheme = if issuer.contains("://") {
+        issuer.to_owned()
+    } else {
+        format!("https://{issuer}")
+    };
+    let mut url = config::parse_http_url(setting, &with_scheme)?;
+    if url.path() == "/" || url.path().is_empty() {
+        url.set_path("/oauth/token");
+    }
+    Ok(url)
+}
