@@ -84,12 +84,7 @@ async fn stop_after_writes(fga: &FakeFga, relay: &RelayProc, key: &str, n: usize
         async move { sent >= n }
     })
     .await;
-    signal(relay, libc::SIGSTOP);
-}
-
-fn signal(relay: &RelayProc, sig: i32) {
-    // SAFETY: kill(2) on our own child process.
-    unsafe { libc::kill(relay.pid() as i32, sig) };
+    relay.signal(libc::SIGSTOP);
 }
 
 /// The Writes a relay sent, told apart by the preshared key it was given.
@@ -195,7 +190,7 @@ async fn stopped_leader(freeze: bool) {
         || async { env.pending().await == 0 },
     )
     .await;
-    signal(&old, libc::SIGCONT);
+    old.signal(libc::SIGCONT);
     old.wait_for_log("standing by").await;
     let last = env
         .insert(writes(&[tk("user:last", "viewer", "document:a")]))
@@ -649,7 +644,7 @@ async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_i
     })
     .await;
     insert("q", 10).await;
-    signal(&old, libc::SIGCONT);
+    old.signal(libc::SIGCONT);
     old.wait_for_log("standing by").await;
     env.wait_drained().await;
     assert_sent_nothing_after(&env.fga, "old-leader", t0);
