@@ -70,3 +70,12 @@ GRANT UPDATE (processed_at, failed_at, attempts, last_error) ON fga_outbox TO fg
 -- The one-row record of which relay delivers: read and locked (FOR UPDATE), inserted the first
 -- time, updated at each change of leader.
 GRANT SELECT, INSERT, UPDATE ON fga_outbox_leader TO fga_outbox_relay;
+
+-- Leadership is a lease: a relay that finds the leadership lock held by a session whose lease
+-- ran out (its relay stopped, or cut off while the server's side of the socket stays open) ends
+-- that session with pg_terminate_backend(), and a relay ends its own earlier session after a
+-- reconnect. Sessions of the same role may end each other without a grant. If your relays log in
+-- as different roles, they also need pg_signal_backend, which lets them end any session that is
+-- not a superuser's; a relay that lacks it logs an error and waits until PostgreSQL ends the
+-- stale session itself (TCP keepalives, about 20 s, if the network path is really gone):
+--     GRANT pg_signal_backend TO fga_outbox_relay;

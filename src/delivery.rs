@@ -50,6 +50,10 @@ pub const CONFIG_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duratio
 /// Backoff of one row that keeps failing while others are delivered.
 pub const ROW_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
+/// How long a claim transaction may have been idle before the next Write: past it, a statement
+/// runs first (see `deliver_page`).
+const TOUCH_AFTER: Duration = Duration::from_secs(1);
+
 /// What the relay remembers about a row across passes, while the row is pending.
 #[derive(Debug, Default)]
 struct Memo {
@@ -99,6 +103,9 @@ pub struct PassReport {
     pub writes: u64,
     /// Rows passed over: held back, behind a held row, or held by another session.
     pub held: u64,
+    /// Of those, rows held by another session: worth looking at again soon, as no notification
+    /// will announce that the session let them go.
+    pub locked: u64,
     /// Back off this long before the next pass (an outage or a configuration error).
     pub wait: Option<Duration>,
     /// When the earliest held row may be retried.
@@ -229,6 +236,7 @@ impl Deliverer {
                     blocked.extend(p.ops.iter().map(|op| key_hash(op.key())));
                 }
                 report.held += 1;
+                report.locked += 1;
                 continue;
             }
             let payload = match parsed {
@@ -255,10 +263,18 @@ impl Deliverer {
             });
         }
 
+        // The claim transaction stays open while the page's Writes run, under the relay's own
+        // idle-in-transaction limit (`db::claim_idle_limit`): a statement between Writes keeps
+        // it from running out however many Writes the page takes.
+        let mut last_statement = Instant::now();
         while let Some(plan) = self.plan_write(&mut queue, blocked, report, delivered) {
             if !keep_going() {
                 report.interrupted = true;
                 return Ok(Flow::Stop);
+            }
+            if last_statement.elapsed() >= TOUCH_AFTER {
+                tx.batch_execute("SELECT 1").await?;
+                last_statement = Instant::now();
             }
             let ops: Vec<&Op> = plan
                 .rows

@@ -19,6 +19,7 @@
 //! - [`delivery`]: one pass over the pending rows: batching, the per-tuple order rule, retries,
 //!   isolation of bad rows, dead letters.
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
+//! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence.
 //! - [`relay`]: the `run` and `drain` loops around delivery passes.
 //! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the
 //!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
@@ -35,6 +36,7 @@ pub mod config;
 pub mod db;
 pub mod delivery;
 pub mod http;
+pub mod leadership;
 pub mod listener;
 pub mod metrics;
 pub mod openfga;

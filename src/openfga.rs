@@ -387,6 +387,8 @@ pub struct FgaClient {
     model_id: Option<String>,
     auth: Auth,
     token: Mutex<Option<CachedToken>>,
+    /// The deadline of one whole Write call: token, request and the retry after a 401.
+    write_deadline: Duration,
 }
 
 impl FgaClient {
@@ -437,6 +439,7 @@ impl FgaClient {
             model_id: settings.model_id.clone(),
             auth: settings.auth.clone(),
             token: Mutex::new(None),
+            write_deadline: settings.request_timeout,
         })
     }
 
@@ -689,8 +692,24 @@ impl FgaClient {
         )))
     }
 
-    /// Sends one Write carrying `ops`.
+    /// Sends one Write carrying `ops`, all of it (OIDC token fetch, the request, and the retry
+    /// after a 401) within one request timeout: a new leader's fence counts on no Write of an
+    /// earlier leader lasting longer.
     pub async fn write(&self, ops: &[&Op]) -> Result<(), WriteError> {
+        tokio::time::timeout(self.write_deadline, self.write_unbounded(ops))
+            .await
+            .unwrap_or_else(|_| {
+                Err(WriteError::Transient {
+                    reason: format!(
+                        "the Write (token and retry included) timed out after {:?}",
+                        self.write_deadline
+                    ),
+                    retry_after: None,
+                })
+            })
+    }
+
+    async fn write_unbounded(&self, ops: &[&Op]) -> Result<(), WriteError> {
         let store_id = self.request_store_id().await?;
         let url = self.url(&format!("/stores/{store_id}/write"));
         let body = write_body(ops, self.model_id.as_deref());

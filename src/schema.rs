@@ -21,6 +21,10 @@ pub const FILES: &[(&str, &str)] = &[
         "0003_leader.sql",
         include_str!("../sql/schema/0003_leader.sql"),
     ),
+    (
+        "0004_lease.sql",
+        include_str!("../sql/schema/0004_lease.sql"),
+    ),
     ("0005_wait.sql", include_str!("../sql/schema/0005_wait.sql")),
 ];
 

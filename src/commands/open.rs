@@ -89,12 +89,14 @@ pub(super) async fn build_relay(
         max_tuples_per_write = fga.max_tuples_per_write,
         sweep_interval = ?delivery.sweep_interval,
         heartbeat_interval = ?delivery.heartbeat_interval,
+        leader_lease = ?delivery.leader_lease,
         max_attempts = delivery.max_attempts,
         batch_size = delivery.batch_size,
         version = env!("CARGO_PKG_VERSION"),
         "fga-relay starting"
     );
-    let pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
+    let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
+    pg.idle_in_transaction = Some(crate::db::claim_idle_limit(fga.request_timeout));
     let store = Store::new(crate::db::pool(pg.clone(), 4), db.table.clone());
     let table = match wait_for_db {
         Some(shutdown) => wait_for_schema(&store, shutdown).await?,
@@ -125,6 +127,7 @@ pub(super) async fn build_relay(
         table,
         identity: crate::relay::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
+        terms: Default::default(),
     };
     Ok((relay, registry))
 }

@@ -5,5 +5,6 @@
 pub mod fga;
 pub mod metrics;
 pub mod pg;
+pub mod proxy;
 pub mod relay;
 pub mod tls;

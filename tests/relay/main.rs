@@ -7,6 +7,7 @@ mod common;
 mod commands;
 mod delivery;
 mod faults;
+mod leadership;
 mod listen;
 mod observability;
 mod payloads;
