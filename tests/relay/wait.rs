@@ -114,7 +114,11 @@ async fn returns_pending_at_its_timeout_when_the_relay_is_down() {
 async fn returns_pending_at_its_timeout_while_the_write_hangs() {
     let env = Env::start().await;
     env.fga.push_fault(FaultRule::times(Fault::Hang, 1));
-    let _relay = env.spawn_relay(&[("FGA_RELAY_REQUEST_TIMEOUT", "60s")]);
+    // The lease must outlast a request (the relay refuses to start otherwise).
+    let _relay = env.spawn_relay(&[
+        ("FGA_RELAY_REQUEST_TIMEOUT", "60s"),
+        ("FGA_RELAY_LEADER_LEASE", "120s"),
+    ]);
     let client = env.db.connect().await;
     let id = insert_with(&client, a_tuple(1)).await;
     wait_until(PROMPTLY, "the relay holds the row in flight", || async {
