@@ -3,6 +3,7 @@
 //! and may close or recycle the connection at any time). Both use TLS as `sslmode` in
 //! `DATABASE_URL` says, with libpq's semantics (see [`tls`]).
 
+pub mod target;
 pub mod tls;
 
 use crate::config::{ConfigError, DbSettings};

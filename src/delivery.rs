@@ -13,10 +13,16 @@
 //! - Transient, for a Write of several rows: the relay cannot tell an outage from one bad row,
 //!   so it backs off as a whole and the rows of that Write are next sent in Writes half as large.
 //!   When a smaller Write succeeds it was not an outage, and the halving finds the culprit.
-//! - Transient, for a row alone: if other Writes succeeded since its previous failure, that is a
+//! - Transient, for a row alone: its failure is compared with everyone's. If other Writes
+//!   succeeded since its previous failure and nearly all the other Writes of the last minute
+//!   succeeded (at least four, at most a quarter failed), the failure is the row's own, a
 //!   *strike*: the row is held with its own backoff while the others flow, and after
-//!   `max_attempts` strikes it is dead-lettered. Otherwise it looks like an outage: the whole
-//!   relay backs off and nothing counts toward dead-lettering.
+//!   `max_attempts` strikes it is dead-lettered. Otherwise the failure hits other rows too (an
+//!   outage, a flaky or overloaded server): the whole relay backs off, the row is held just past
+//!   that wait so that the others are tried first, and nothing counts toward dead-lettering.
+//! - Throttled (429): never the rows' fault. Nothing is halved and nothing is a strike; the
+//!   whole relay waits for `Retry-After` (or its own backoff) and sends the same rows again.
+//!   A `Retry-After` sent with any other failure is waited for too, on every path.
 //! - Permanent for one operation (`Invalid tuple …`, a condition conflict): that row is
 //!   dead-lettered with OpenFGA's message; the rest of the Write is sent again without it.
 //! - Already applied (an older OpenFGA's answer to a duplicate write or missing delete): that
@@ -49,6 +55,28 @@ pub const OUTAGE_BACKOFF: Backoff =
 pub const CONFIG_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// Backoff of one row that keeps failing while others are delivered.
 pub const ROW_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+/// How far back the outcomes of other Writes are looked at to judge whether a row's failure is
+/// its own: long enough to hold many Writes of a busy relay, short enough to forget an outage
+/// that is over.
+const COMPARE_WINDOW: Duration = Duration::from_secs(60);
+/// At most this many outcomes are kept (a relay delivering thousands of Writes a minute needs
+/// no more to see whether most succeed).
+const COMPARE_MAX: usize = 1024;
+/// A row's failure is its own only if at least this many other Writes succeeded in the window,
+/// and at most one in [`COMPARE_SHARE`] of the others failed. Under a flaky server failing
+/// half the Writes or more, the odds that a window of other Writes looks that clean by chance
+/// are below one in a hundred for a handful of Writes and vanish for a busy relay; a row that
+/// alone keeps failing while the traffic beside it flows meets both at once.
+const COMPARE_MIN_OK: usize = 4;
+const COMPARE_SHARE: usize = 4;
+
+/// The outcome of one Write, kept for [`COMPARE_WINDOW`].
+struct Outcome {
+    at: Instant,
+    failed: bool,
+    /// The row, for a Write that carried one row alone: its own failures are not "others'".
+    alone: Option<i64>,
+}
 
 /// How long a claim transaction may have been idle before the next Write: past it, a statement
 /// runs first (see `deliver_page`).
@@ -145,6 +173,8 @@ pub struct Deliverer {
     epoch: u64,
     /// Consecutive failed Writes with no success in between.
     streak: u32,
+    /// The outcomes of recent Writes (429s left out: they say nothing about rows).
+    recent: VecDeque<Outcome>,
 }
 
 fn key_hash(k: &TupleKey) -> u64 {
@@ -170,7 +200,44 @@ impl Deliverer {
             memo: HashMap::new(),
             epoch: 0,
             streak: 0,
+            recent: VecDeque::new(),
         }
+    }
+
+    /// Records a Write's outcome for [`Deliverer::others_nearly_all_succeed`].
+    fn note(&mut self, failed: bool, alone: Option<i64>) {
+        let now = Instant::now();
+        while self.recent.len() >= COMPARE_MAX
+            || self
+                .recent
+                .front()
+                .is_some_and(|o| now.duration_since(o.at) > COMPARE_WINDOW)
+        {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(Outcome {
+            at: now,
+            failed,
+            alone,
+        });
+    }
+
+    /// Whether the recent Writes that did not carry row `id` alone nearly all succeeded: then a
+    /// failure of that row is its own, not one that hits everyone.
+    fn others_nearly_all_succeed(&self, id: i64) -> bool {
+        let now = Instant::now();
+        let (mut ok, mut failed) = (0usize, 0usize);
+        for o in &self.recent {
+            if o.alone == Some(id) || now.duration_since(o.at) > COMPARE_WINDOW {
+                continue;
+            }
+            if o.failed {
+                failed += 1;
+            } else {
+                ok += 1;
+            }
+        }
+        ok >= COMPARE_MIN_OK && failed * COMPARE_SHARE <= ok + failed
     }
 
     /// Forgets what was learnt about rows, e.g. when another relay may have delivered them.
@@ -228,7 +295,10 @@ impl Deliverer {
         let now = Instant::now();
         let mut queue = VecDeque::with_capacity(rows.len());
         for row in rows {
-            let parsed = Payload::parse(&row.payload);
+            let parsed = match &row.payload {
+                Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
+                Err(e) => Err(format!("malformed payload: {e}")),
+            };
             if !row.mine {
                 // Another session holds it (a relay that lost leadership but has not stopped
                 // yet): it may be on its way to OpenFGA. Nothing after it on its tuples may go.
@@ -242,7 +312,7 @@ impl Deliverer {
             let payload = match parsed {
                 Ok(p) => p,
                 Err(e) => {
-                    self.dead_letter(tx, row.id, &e.to_string(), report).await?;
+                    self.dead_letter(tx, row.id, &e, report).await?;
                     continue;
                 }
             };
@@ -393,6 +463,8 @@ impl Deliverer {
     ) {
         self.epoch += 1;
         self.streak = 0;
+        let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
+        self.note(false, alone);
         self.metrics.tuples_delivered.inc_by(n_ops as u64);
         let mut unfinished = Vec::new();
         for (c, idx) in plan.rows {
@@ -490,12 +562,25 @@ impl Deliverer {
                     .await?;
                 Ok(Flow::Stop)
             }
+            WriteError::TooLarge { .. } => {
+                // A proxy's body limit: a smaller Write may pass; a row alone cannot shrink.
+                self.split_or_dead_letter(tx, plan, &e, queue, report).await
+            }
             WriteError::Configuration { .. } | WriteError::Unexpected { .. } => {
                 self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF)
                     .await?;
                 Ok(Flow::Stop)
             }
+            WriteError::Throttled { .. } => {
+                // Not the rows' fault: the same Write, after the wait. Rows held back by the
+                // outage path are due again once the wait is over.
+                self.outage(tx, &plan, &e, blocked, report, OUTAGE_BACKOFF)
+                    .await?;
+                Ok(Flow::Stop)
+            }
             WriteError::Transient { .. } => {
+                let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
+                self.note(true, alone);
                 if plan.rows.len() == 1 {
                     return self.transient_alone(tx, plan, &e, blocked, report).await;
                 }
@@ -555,14 +640,20 @@ impl Deliverer {
     ) -> Result<Flow, StoreError> {
         let id = plan.rows[0].0.id;
         let epoch = self.epoch;
+        let others_succeed = self.others_nearly_all_succeed(id);
         let m = self.memo.entry(id).or_default();
-        // Other Writes succeeded since this row last failed: the row, not OpenFGA, is the
-        // problem.
-        let strike = m.failed_epoch.is_some_and(|e| e != epoch);
+        // Other Writes succeeded since this row last failed, and nearly all Writes but this
+        // row's do: the row, not OpenFGA, is the problem. A failure others share is no strike.
+        let strike = m.failed_epoch.is_some_and(|e| e != epoch) && others_succeed;
         m.failed_epoch = Some(epoch);
         m.max_rows = Some(1);
         if !strike {
-            let at = Instant::now() + OUTAGE_BACKOFF.delay(self.streak + 1);
+            // Held just past the relay's own wait, so that the next pass sends the other rows
+            // first: how they fare tells an outage from this row's own failure.
+            let wait = e
+                .retry_after()
+                .unwrap_or_else(|| OUTAGE_BACKOFF.ceiling(self.streak + 1));
+            let at = Instant::now() + wait + OUTAGE_BACKOFF.base;
             m.retry_at = Some(at);
             report.due(at);
             self.outage(tx, &plan, e, blocked, report, OUTAGE_BACKOFF)
@@ -579,7 +670,7 @@ impl Deliverer {
                 "gave up after {strikes} failed attempts while other rows were delivered: {e}"
             );
             self.dead_letter(tx, id, &reason, report).await?;
-            return Ok(Flow::Continue);
+            return Ok(Self::after_retry_after(e, report));
         }
         let at = Instant::now() + ROW_BACKOFF.delay(strikes);
         if let Some(m) = self.memo.get_mut(&id) {
@@ -595,7 +686,19 @@ impl Deliverer {
             "row keeps failing while others are delivered; holding it back"
         );
         self.store.record_failure(tx, &[id], &e.to_string()).await?;
-        Ok(Flow::Continue)
+        Ok(Self::after_retry_after(e, report))
+    }
+
+    /// After a failure that is one row's own: the server may still have asked everyone to wait
+    /// (`Retry-After`), whoever is at fault; then no more Writes this pass.
+    fn after_retry_after(e: &WriteError, report: &mut PassReport) -> Flow {
+        match e.retry_after() {
+            Some(d) => {
+                report.wait = Some(report.wait.map_or(d, |w| w.max(d)));
+                Flow::Stop
+            }
+            None => Flow::Continue,
+        }
     }
 
     /// A failure of the whole relay (outage or configuration): record it on the rows, block
@@ -617,13 +720,9 @@ impl Deliverer {
         let class = e.class();
         self.metrics.failed(class.as_str());
         report.failed_writes += 1;
-        let wait = match e {
-            WriteError::Transient {
-                retry_after: Some(d),
-                ..
-            } => *d,
-            _ => schedule.delay(self.streak),
-        };
+        let wait = e
+            .retry_after()
+            .unwrap_or_else(|| schedule.delay(self.streak));
         report.wait = Some(report.wait.map_or(wait, |w| w.max(wait)));
         if class == crate::openfga::FailureClass::Configuration {
             error!(class = class.as_str(), rows = ids.len(), error = %e, retry_in = ?wait,

@@ -309,7 +309,7 @@ impl Session {
             .client
             .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &self.oid])
             .await?;
-        Ok(row.get(0))
+        row.try_get(0)
     }
 
     async fn unlock(&self, class: i32) -> Result<(), tokio_postgres::Error> {

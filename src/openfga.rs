@@ -44,6 +44,13 @@ pub enum WriteError {
         /// The server's `Retry-After`, when it sent one.
         retry_after: Option<Duration>,
     },
+    /// 429: a rate limiter in front of OpenFGA (OpenFGA itself never sends it). Never the fault
+    /// of the rows in the Write: retry them all, as they are, after `Retry-After`.
+    #[error("{reason}")]
+    Throttled {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
     /// OpenFGA rejected an operation for good (400 `validation_error` for a tuple, 409 condition
     /// conflict). `op` is its index in the request, when the message names it.
     #[error("OpenFGA rejected the write: {code}: {message}")]
@@ -57,6 +64,10 @@ pub enum WriteError {
     /// already in the state asked for.
     #[error("already applied: {message}")]
     AlreadyApplied { op: Option<usize>, message: String },
+    /// The request body is larger than OpenFGA, or a proxy in front of it, takes (413, or gRPC's
+    /// receive limit): a Write of several rows is halved; a row alone can never be delivered.
+    #[error("{reason}")]
+    TooLarge { reason: String },
     /// The server allows fewer tuples per Write than `--max-tuples-per-write`.
     #[error("OpenFGA allows fewer tuples per write: {message}")]
     TooManyTuples {
@@ -88,13 +99,22 @@ fn configuration_message(status: u16, code: &str, message: &str) -> String {
 impl WriteError {
     pub fn class(&self) -> FailureClass {
         match self {
-            WriteError::Transient { .. } => FailureClass::Transient,
-            WriteError::Rejected { .. } | WriteError::AlreadyApplied { .. } => {
-                FailureClass::Permanent
-            }
+            WriteError::Transient { .. } | WriteError::Throttled { .. } => FailureClass::Transient,
+            WriteError::Rejected { .. }
+            | WriteError::AlreadyApplied { .. }
+            | WriteError::TooLarge { .. } => FailureClass::Permanent,
             WriteError::TooManyTuples { .. }
             | WriteError::Configuration { .. }
             | WriteError::Unexpected { .. } => FailureClass::Configuration,
+        }
+    }
+
+    /// How long the server asked the relay to wait (`Retry-After`), if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            WriteError::Transient { retry_after, .. }
+            | WriteError::Throttled { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 
@@ -208,10 +228,32 @@ pub fn classify(
     ops: &[&Op],
 ) -> WriteError {
     let parsed: Option<ErrorBody> = serde_json::from_slice(body).ok();
-    if status == 429 || status >= 500 {
+    // 413 comes from a proxy (or a server) with a body limit; OpenFGA's own limit is gRPC's
+    // receive limit, answered 500 `resource_exhausted` "grpc: received message larger than max".
+    if status == 413
+        || parsed.as_ref().is_some_and(|b| {
+            b.code == "resource_exhausted" && b.message.contains("received message larger than max")
+        })
+    {
         let detail = parsed
             .map(|b| format!("{}: {}", b.code, b.message))
             .unwrap_or_else(|| excerpt(body));
+        return WriteError::TooLarge {
+            reason: format!("OpenFGA answered {status}, the write is too large: {detail}"),
+        };
+    }
+    // 429 (a rate limiter), 408 (a proxy's request timeout) and 5xx, whatever the body (a
+    // proxy's HTML 502/503/504 page too): the same request may succeed later.
+    if status == 429 || status == 408 || status >= 500 {
+        let detail = parsed
+            .map(|b| format!("{}: {}", b.code, b.message))
+            .unwrap_or_else(|| excerpt(body));
+        if status == 429 {
+            return WriteError::Throttled {
+                reason: format!("OpenFGA answered {status}: {detail}"),
+                retry_after,
+            };
+        }
         return WriteError::Transient {
             reason: format!("OpenFGA answered {status}: {detail}"),
             retry_after,
@@ -398,6 +440,9 @@ impl FgaClient {
             .timeout(settings.request_timeout)
             .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
             .tcp_nodelay(true)
+            // A redirect means FGA_API_URL is not OpenFGA's address: following it would resend
+            // the body (and the token) somewhere the operator never named.
+            .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(50))
             .user_agent(concat!("fga-relay/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = &settings.ca_file {
@@ -507,6 +552,10 @@ impl FgaClient {
                 ))
             })?;
         let status = resp.status();
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let body = resp.bytes().await.map_err(|e| {
             TokenError::unavailable(format!(
                 "token response from {token_issuer} failed: {}",
@@ -514,15 +563,19 @@ impl FgaClient {
             ))
         })?;
         if !status.is_success() {
-            let reason = format!(
+            let mut reason = format!(
                 "token issuer {token_issuer} answered {status}: {}",
                 excerpt(&body)
             );
+            if let Some(to) = location {
+                reason.push_str(&format!(" (redirect to {to}, not followed)"));
+            }
             // 4xx (but a timeout or throttling): the issuer refuses these credentials, which
             // only the operator can fix. 5xx: the issuer is having trouble; retry.
-            let refused = status.is_client_error()
-                && status != reqwest::StatusCode::REQUEST_TIMEOUT
-                && status != reqwest::StatusCode::TOO_MANY_REQUESTS;
+            let refused = status.is_redirection()
+                || (status.is_client_error()
+                    && status != reqwest::StatusCode::REQUEST_TIMEOUT
+                    && status != reqwest::StatusCode::TOO_MANY_REQUESTS);
             return Err(if refused {
                 TokenError::refused(format!(
                     "{reason} (check FGA_CLIENT_ID, FGA_CLIENT_SECRET, FGA_API_AUDIENCE and \
@@ -811,6 +864,9 @@ impl FgaClient {
                 },
             })?;
         let status = resp.status().as_u16();
+        if resp.status().is_redirection() {
+            return Err(redirected(status, resp.headers()));
+        }
         let retry_after = resp
             .headers()
             .get(reqwest::header::RETRY_AFTER)
@@ -824,6 +880,22 @@ impl FgaClient {
             retry_after: None,
         })?;
         Ok((status, retry_after, answer))
+    }
+}
+
+/// A redirect, which is never followed: a configuration error naming where it pointed.
+fn redirected(status: u16, headers: &reqwest::header::HeaderMap) -> WriteError {
+    let location = headers
+        .get(reqwest::header::LOCATION)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_else(|| "(no Location)".to_owned());
+    WriteError::Configuration {
+        status,
+        code: "redirect".into(),
+        message: format!(
+            "redirected to {location}; redirects are not followed: set FGA_API_URL to the \
+             address OpenFGA answers at"
+        ),
     }
 }
 
@@ -1037,6 +1109,38 @@ mod tests {
         let v: Value = serde_json::from_slice(&write_body(&only_deletes, None)).unwrap();
         assert!(v.get("writes").is_none());
         assert!(v.get("authorization_model_id").is_none());
+    }
+
+    #[test]
+    fn what_stands_in_front_of_openfga_is_classified_too() {
+        let ops = ops();
+        let refs: Vec<&Op> = ops.iter().collect();
+        let html = |s: u16| format!("<html><head><title>{s}</title></head></html>").into_bytes();
+        let c = |status, b: Vec<u8>| classify(status, Some(Duration::from_secs(3)), &b, &refs);
+        assert!(matches!(c(413, html(413)), WriteError::TooLarge { .. }));
+        let grpc_limit = body(
+            "resource_exhausted",
+            "grpc: received message larger than max (600000 vs. 524288)",
+        );
+        assert!(matches!(c(500, grpc_limit), WriteError::TooLarge { .. }));
+        for status in [408, 502, 503, 504] {
+            let e = c(status, html(status));
+            assert!(matches!(e, WriteError::Transient { .. }), "{status}: {e:?}");
+            assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+        }
+        let e = c(429, b"".to_vec());
+        assert!(matches!(e, WriteError::Throttled { .. }), "{e:?}");
+        assert_eq!(e.class(), FailureClass::Transient);
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(c(403, html(403)).class(), FailureClass::Configuration);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::LOCATION,
+            "https://login.example/".parse().unwrap(),
+        );
+        let e = redirected(302, &headers);
+        assert_eq!(e.class(), FailureClass::Configuration);
+        assert!(e.to_string().contains("https://login.example/"), "{e}");
     }
 
     #[test]

@@ -2,10 +2,13 @@
 //!
 //! A payload that OpenFGA could never accept is rejected here, with a reason that names the
 //! offending field, so that its row is dead-lettered at once instead of being sent again and
-//! again. The field rules are OpenFGA's own request validation (reference/openfga-api.md §1):
+//! again. The field rules are OpenFGA's own request validation (the protoc-gen-validate rules on
+//! its `TupleKey` and `RelationshipCondition` messages), each check naming the rule it mirrors:
 //! checking them here is never stricter than the server.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -74,47 +77,102 @@ fn bad(msg: impl Into<String>) -> PayloadError {
     PayloadError(msg.into())
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+/// One JSON value, looked at one level deep: the levels below stay unread text.
+///
+/// PostgreSQL's jsonb takes documents that a full parse refuses (a number beyond a double,
+/// nesting deeper than the parser's recursion limit). Keys the relay ignores may hold anything
+/// jsonb holds, so they are only checked to be well-formed JSON (without evaluating numbers or
+/// recursing), never decoded.
+enum Node<'a> {
+    Null,
+    Bool,
+    Number,
+    String(String),
+    Array(Vec<&'a RawValue>),
+    Object(BTreeMap<String, &'a RawValue>),
+}
+
+impl<'a> Node<'a> {
+    fn read(raw: &'a RawValue) -> Result<Node<'a>, serde_json::Error> {
+        let text = raw.get();
+        Ok(match text.trim_start().as_bytes().first() {
+            Some(b'{') => Node::Object(serde_json::from_str(text)?),
+            Some(b'[') => Node::Array(serde_json::from_str(text)?),
+            Some(b'"') => Node::String(serde_json::from_str(text)?),
+            Some(b'n') => Node::Null,
+            Some(b't' | b'f') => Node::Bool,
+            _ => Node::Number,
+        })
+    }
+
+    fn type_name(&self) -> &'static str {
+        match self {
+            Node::Null => "null",
+            Node::Bool => "a boolean",
+            Node::Number => "a number",
+            Node::String(_) => "a string",
+            Node::Array(_) => "an array",
+            Node::Object(_) => "an object",
+        }
     }
 }
 
-/// Longest `user`, in bytes (OpenFGA: `max_bytes: 512`).
+/// Reads the value at `path`; `None` for an absent key or `null`.
+fn node<'a>(path: &str, raw: Option<&&'a RawValue>) -> Result<Option<Node<'a>>, PayloadError> {
+    let Some(raw) = raw else { return Ok(None) };
+    match Node::read(raw) {
+        Ok(Node::Null) => Ok(None),
+        Ok(n) => Ok(Some(n)),
+        Err(e) => Err(bad(format!("{path} cannot be read: {e}"))),
+    }
+}
+
+/// Longest `user`, in bytes (OpenFGA's `TupleKey.user`: `max_bytes: 512`).
 const MAX_USER_BYTES: usize = 512;
-/// Longest `relation`, in characters (OpenFGA: `^[^:#@\s]{1,50}$`).
+/// Longest `relation`, in characters (OpenFGA's `TupleKey.relation`: `^[^:#@\s]{1,50}$`).
 const MAX_RELATION_CHARS: usize = 50;
-/// Shortest and longest `object` and condition `name`, in characters (`^[^\s]{2,256}$`).
+/// Shortest and longest `object` and condition `name`, in characters (OpenFGA's
+/// `TupleKey.object` and `RelationshipCondition.name`: `^[^\s]{2,256}$`).
 const MIN_OBJECT_CHARS: usize = 2;
 const MAX_OBJECT_CHARS: usize = 256;
 
+/// `\s` as OpenFGA's validation rules mean it: Go's RE2 class `[\t\n\f\r ]`, ASCII only (no
+/// vertical tab, no no-break space, no U+3000: OpenFGA accepts those in a tuple).
+fn is_re2_space(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\x0C' | '\r' | ' ')
+}
+
 impl Payload {
-    /// Checks a payload as stored in the outbox.
+    /// Checks a payload given as a JSON value (as the tests and tools build them).
     pub fn parse(value: &Value) -> Result<Payload, PayloadError> {
-        let Value::Object(obj) = value else {
+        Payload::parse_text(&value.to_string())
+    }
+
+    /// Checks a payload as stored in the outbox, from its JSON text (`payload::text`). Never
+    /// panics, whatever the text: a document that cannot be read is an error that says why.
+    pub fn parse_text(text: &str) -> Result<Payload, PayloadError> {
+        let raw: &RawValue =
+            serde_json::from_str(text).map_err(|e| bad(format!("the payload is not JSON: {e}")))?;
+        let top = Node::read(raw).map_err(|e| bad(format!("the payload cannot be read: {e}")))?;
+        let Node::Object(obj) = top else {
             return Err(bad(format!(
                 "expected a JSON object with \"writes\" and/or \"deletes\", found {}",
-                type_name(value)
+                top.type_name()
             )));
         };
         let mut ops = Vec::new();
         for (field, is_write) in [("writes", true), ("deletes", false)] {
-            let items = match obj.get(field) {
-                None | Some(Value::Null) => continue,
-                Some(Value::Array(items)) => items,
+            let items = match node(field, obj.get(field))? {
+                None => continue,
+                Some(Node::Array(items)) => items,
                 Some(other) => {
                     return Err(bad(format!(
                         "\"{field}\" must be an array of tuple keys, found {}",
-                        type_name(other)
+                        other.type_name()
                     )));
                 }
             };
-            for (i, item) in items.iter().enumerate() {
+            for (i, item) in items.into_iter().enumerate() {
                 let path = format!("{field}[{i}]");
                 ops.push(parse_op(&path, item, is_write)?);
             }
@@ -124,8 +182,9 @@ impl Payload {
                 "no tuples: \"writes\" and \"deletes\" are both absent or empty",
             ));
         }
-        // OpenFGA rejects a tuple that appears twice in one Write; a row is one intent, so the
-        // same tuple twice in it has no meaning to deliver.
+        // OpenFGA rejects a tuple that appears twice in one Write
+        // (`cannot_allow_duplicate_tuples_in_one_request`); a row is one intent, so the same
+        // tuple twice in it has no meaning to deliver.
         let mut seen = std::collections::HashSet::with_capacity(ops.len());
         for op in &ops {
             if !seen.insert(op.key()) {
@@ -139,21 +198,25 @@ impl Payload {
     }
 }
 
-fn parse_op(path: &str, item: &Value, is_write: bool) -> Result<Op, PayloadError> {
-    let Value::Object(obj) = item else {
-        return Err(bad(format!(
-            "{path} must be an object with \"user\", \"relation\" and \"object\", found {}",
-            type_name(item)
-        )));
+fn parse_op(path: &str, item: &RawValue, is_write: bool) -> Result<Op, PayloadError> {
+    let obj = match node(path, Some(&item))? {
+        Some(Node::Object(obj)) => obj,
+        other => {
+            return Err(bad(format!(
+                "{path} must be an object with \"user\", \"relation\" and \"object\", found {}",
+                other.map_or("null", |n| n.type_name())
+            )));
+        }
     };
     let field = |name: &str| -> Result<String, PayloadError> {
-        match obj.get(name) {
-            None | Some(Value::Null) => Err(bad(format!("{path}.{name} is missing"))),
-            Some(Value::String(s)) if s.is_empty() => Err(bad(format!("{path}.{name} is empty"))),
-            Some(Value::String(s)) => Ok(s.clone()),
+        let at = format!("{path}.{name}");
+        match node(&at, obj.get(name))? {
+            None => Err(bad(format!("{at} is missing"))),
+            Some(Node::String(s)) if s.is_empty() => Err(bad(format!("{at} is empty"))),
+            Some(Node::String(s)) => Ok(s),
             Some(other) => Err(bad(format!(
-                "{path}.{name} must be a string, found {}",
-                type_name(other)
+                "{at} must be a string, found {}",
+                other.type_name()
             ))),
         }
     };
@@ -162,21 +225,23 @@ fn parse_op(path: &str, item: &Value, is_write: bool) -> Result<Op, PayloadError
         relation: field("relation")?,
         object: field("object")?,
     };
+    // OpenFGA's `TupleKey.user`: `max_bytes: 512`.
     if key.user.len() > MAX_USER_BYTES {
         return Err(bad(format!(
             "{path}.user is longer than {MAX_USER_BYTES} bytes"
         )));
     }
+    // OpenFGA's `TupleKey.relation`: `^[^:#@\s]{1,50}$` (RE2 counts characters).
     let rel_chars = key.relation.chars().count();
     if rel_chars > MAX_RELATION_CHARS
         || key
             .relation
             .chars()
-            .any(|c| c == ':' || c == '#' || c == '@' || c.is_whitespace())
+            .any(|c| c == ':' || c == '#' || c == '@' || is_re2_space(c))
     {
         return Err(bad(format!(
             "{path}.relation {:?} is not a relation name (at most {MAX_RELATION_CHARS} \
-             characters, none of : # @ or whitespace)",
+             characters, none of : # @ or ASCII whitespace)",
             key.relation
         )));
     }
@@ -185,51 +250,56 @@ fn parse_op(path: &str, item: &Value, is_write: bool) -> Result<Op, PayloadError
         // OpenFGA ignores a condition on a delete; so does the relay.
         return Ok(Op::Delete { key });
     }
-    let condition = match obj.get("condition") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(c)) => {
-            let name = match c.get("name") {
-                Some(Value::String(s)) => s.clone(),
-                None | Some(Value::Null) => {
-                    return Err(bad(format!("{path}.condition.name is missing")));
-                }
+    let at = format!("{path}.condition");
+    let condition = match node(&at, obj.get("condition"))? {
+        None => None,
+        Some(Node::Object(c)) => {
+            let name = match node(&format!("{at}.name"), c.get("name"))? {
+                Some(Node::String(s)) => s,
+                None => return Err(bad(format!("{at}.name is missing"))),
                 Some(other) => {
                     return Err(bad(format!(
-                        "{path}.condition.name must be a string, found {}",
-                        type_name(other)
+                        "{at}.name must be a string, found {}",
+                        other.type_name()
                     )));
                 }
             };
             check_no_space_len(path, "condition.name", &name)?;
             let context = match c.get("context") {
-                None | Some(Value::Null) => Map::new(),
-                Some(Value::Object(m)) => m.clone(),
-                Some(other) => {
-                    return Err(bad(format!(
-                        "{path}.condition.context must be an object, found {}",
-                        type_name(other)
-                    )));
-                }
+                None => Map::new(),
+                Some(raw) => parse_context(&at, raw)?,
             };
             Some(Condition { name, context })
         }
         Some(other) => {
             return Err(bad(format!(
-                "{path}.condition must be an object with \"name\" and \"context\", found {}",
-                type_name(other)
+                "{at} must be an object with \"name\" and \"context\", found {}",
+                other.type_name()
             )));
         }
     };
     Ok(Op::Write { key, condition })
 }
 
-/// OpenFGA's `^[^\s]{2,256}$` rule for objects and condition names.
+/// The condition context, a `google.protobuf.Struct` for OpenFGA: an object (or null for none).
+/// It is sent on, so it is decoded in full; a number beyond a double (which OpenFGA refuses
+/// too) or nesting deeper than 128 levels makes the row undeliverable, with that reason.
+fn parse_context(at: &str, raw: &RawValue) -> Result<Map<String, Value>, PayloadError> {
+    match serde_json::from_str::<Value>(raw.get()) {
+        Ok(Value::Null) => Ok(Map::new()),
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad(format!("{at}.context must be an object"))),
+        Err(e) => Err(bad(format!("{at}.context cannot be read: {e}"))),
+    }
+}
+
+/// OpenFGA's `^[^\s]{2,256}$` rule for `TupleKey.object` and `RelationshipCondition.name`.
 fn check_no_space_len(path: &str, name: &str, s: &str) -> Result<(), PayloadError> {
     let n = s.chars().count();
-    if !(MIN_OBJECT_CHARS..=MAX_OBJECT_CHARS).contains(&n) || s.chars().any(char::is_whitespace) {
+    if !(MIN_OBJECT_CHARS..=MAX_OBJECT_CHARS).contains(&n) || s.chars().any(is_re2_space) {
         return Err(bad(format!(
             "{path}.{name} {s:?} must be {MIN_OBJECT_CHARS} to {MAX_OBJECT_CHARS} characters \
-             without whitespace"
+             without ASCII whitespace"
         )));
     }
     Ok(())
@@ -341,5 +411,60 @@ mod tests {
     fn a_tuple_twice_in_one_row_is_rejected() {
         let t = json!({"user": "u:1", "relation": "r", "object": "o:1"});
         assert!(err(json!({"writes": [t.clone()], "deletes": [t]})).contains("more than once"));
+    }
+
+    fn text_err(text: &str) -> String {
+        Payload::parse_text(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn what_jsonb_holds_under_ignored_keys_is_never_decoded() {
+        let w = r#"{"user": "u:1", "relation": "r", "object": "o:1", "extra": 1e400}"#;
+        let deep = "[".repeat(5000) + &"]".repeat(5000);
+        for doc in [
+            format!(r#"{{"meta": 1e400, "writes": [{w}]}}"#),
+            format!(r#"{{"meta": {deep}, "writes": [{w}]}}"#),
+            format!(r#"{{"writes": [{w}], "n": -0.000000000000000000001e-400}}"#),
+            format!(
+                r#"{{"writes": [{{"user": "u:1", "relation": "r", "object": "o:1", "x": {deep}}}]}}"#
+            ),
+        ] {
+            let p = Payload::parse_text(&doc).unwrap_or_else(|e| panic!("{doc:.80}: {e}"));
+            assert_eq!(p.ops.len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_context_that_cannot_be_decoded_is_an_error_not_a_panic() {
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        for ctx in ["{\"n\": 1e400}".to_owned(), format!("{{\"d\": {deep}}}")] {
+            let doc = format!(
+                r#"{{"writes": [{{"user": "u:1", "relation": "r", "object": "o:1",
+                    "condition": {{"name": "c1", "context": {ctx}}}}}]}}"#
+            );
+            assert!(text_err(&doc).contains("writes[0].condition.context cannot be read"));
+        }
+        assert!(text_err("{\"writes\": [").contains("not JSON"));
+        assert!(text_err("").contains("not JSON"));
+        assert!(text_err("1e400").contains("expected a JSON object"));
+    }
+
+    #[test]
+    fn whitespace_is_what_openfga_calls_whitespace() {
+        // RE2's `\s` is ASCII: OpenFGA takes a no-break space, U+3000 or a vertical tab.
+        for odd in ["\u{a0}", "\u{3000}", "\u{b}", "\u{2028}"] {
+            let v = json!({"writes": [{"user": "u:1", "relation": format!("r{odd}"),
+                                       "object": format!("o:{odd}1"),
+                                       "condition": {"name": format!("c{odd}")}}]});
+            assert!(Payload::parse(&v).is_ok(), "{odd:?}");
+        }
+        for space in [" ", "\t", "\n", "\r", "\u{c}"] {
+            let rel = json!({"writes": [{"user": "u:1", "relation": format!("r{space}"),
+                                         "object": "o:1"}]});
+            assert!(err(rel).contains("writes[0].relation"), "{space:?}");
+            let obj = json!({"deletes": [{"user": "u:1", "relation": "r",
+                                          "object": format!("o:{space}1")}]});
+            assert!(err(obj).contains("deletes[0].object"), "{space:?}");
+        }
     }
 }

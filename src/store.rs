@@ -3,14 +3,15 @@
 use crate::config::TableName;
 use crate::schema::render;
 use deadpool_postgres::{GenericClient, Pool};
-use serde_json::Value;
 use std::time::SystemTime;
 
 /// A row as claimed for delivery.
 #[derive(Debug)]
 pub struct ClaimedRow {
     pub id: i64,
-    pub payload: Value,
+    /// The payload's JSON text, or why it could not be read (e.g. not UTF-8 in a database
+    /// whose encoding is not).
+    pub payload: Result<String, String>,
     pub created_at: SystemTime,
     pub attempts: i32,
     /// False when another session holds the row: it must be treated as not yet delivered, and
@@ -99,16 +100,19 @@ impl Store {
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim).await?;
         let rows = tx.query(&stmt, &[&after, &limit]).await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| ClaimedRow {
-                id: r.get(0),
-                payload: r.get(1),
-                created_at: r.get(2),
-                attempts: r.get(3),
-                mine: r.get(4),
+        rows.into_iter()
+            .map(|r| {
+                Ok(ClaimedRow {
+                    id: r.try_get(0)?,
+                    payload: r
+                        .try_get::<_, String>(1)
+                        .map_err(|e| format!("the payload cannot be read: {e}")),
+                    created_at: r.try_get(2)?,
+                    attempts: r.try_get(3)?,
+                    mine: r.try_get(4)?,
+                })
             })
-            .collect())
+            .collect()
     }
 
     pub async fn mark_delivered(
@@ -177,8 +181,10 @@ impl Store {
             None => client.query(&self.q.retry_dead, &[]).await?,
             Some(ids) => client.query(&self.q.retry_ids, &[&ids]).await?,
         };
-        let mut out: Vec<(i64, Option<String>)> =
-            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let mut out = rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<(i64, Option<String>)>, tokio_postgres::Error>>()?;
         out.sort_by_key(|(id, _)| *id);
         if !out.is_empty() {
             // Wake the relay: rows made pending by an UPDATE fire no insert trigger, and would
@@ -198,7 +204,10 @@ impl Store {
 
     pub async fn max_pending_id(&self) -> Result<Option<i64>, StoreError> {
         let client = self.pool.get().await?;
-        Ok(client.query_one(&self.q.max_pending, &[]).await?.get(0))
+        Ok(client
+            .query_one(&self.q.max_pending, &[])
+            .await?
+            .try_get(0)?)
     }
 
     pub async fn pending_through(&self, id: i64) -> Result<i64, StoreError> {
@@ -206,7 +215,7 @@ impl Store {
         Ok(client
             .query_one(&self.q.pending_through, &[&id])
             .await?
-            .get(0))
+            .try_get(0)?)
     }
 }
 

@@ -6,6 +6,9 @@
 -- deliver anything after it on the same tuples, or a grant and its revoke could be reordered.
 -- Skipped rows after the last claimed one are returned too when the page is not full (there is
 -- no next page to find them): the relay must know that rows are held, to look again soon.
+--
+-- The payload comes as text: jsonb holds documents (numbers beyond a double, deep nesting) that
+-- a full JSON decode refuses, and the relay reads only the keys it needs.
 WITH claimed AS (
     SELECT id, payload, created_at, attempts
     FROM fga_outbox
@@ -21,7 +24,7 @@ WITH claimed AS (
       AND (id < (SELECT max(id) FROM claimed) OR (SELECT count(*) FROM claimed) < $2)
       AND id NOT IN (SELECT id FROM claimed)
 )
-SELECT id, payload, created_at, attempts, true AS mine FROM claimed
+SELECT id, payload::text, created_at, attempts, true AS mine FROM claimed
 UNION ALL
-SELECT id, payload, created_at, attempts, false AS mine FROM skipped
+SELECT id, payload::text, created_at, attempts, false AS mine FROM skipped
 ORDER BY id

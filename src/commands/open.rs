@@ -2,7 +2,7 @@
 //! for, for the daemon), and for `run` and `drain` a relay with its OpenFGA client checked.
 
 use super::failure::Failure;
-use crate::config::{self, Auth, DbSettings, DeliverySettings, FgaSettings};
+use crate::config::{Auth, DbSettings, DeliverySettings, FgaSettings};
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, PreflightError};
 use crate::relay::Relay;
@@ -79,7 +79,7 @@ pub(super) async fn build_relay(
     };
     info!(
         command,
-        database = %config::redact_database_url(db.url.expose()),
+        database = %crate::db::target::summary(db.url.expose()),
         table = %db.table,
         api_url = %fga.api_url,
         store = ?fga.store,

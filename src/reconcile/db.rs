@@ -262,20 +262,25 @@ impl Db {
             progress.add(rows.len() as u64);
             not_plain += rows.len() as u64;
             for r in rows {
-                let c = Candidate {
-                    key: TupleKey {
-                        object: r.get(0),
-                        relation: r.get(1),
-                        user: r.get(2),
-                    },
-                    present: r.get(3),
-                    condition: r.get(4),
-                    row: r.get(5),
-                    state: r.get(6),
-                    held: r.get(7),
-                    held_condition: r.get(8),
-                    moved: r.get(9),
-                };
+                // The conditions come from outbox payloads: a context jsonb holds but JSON
+                // cannot (a number beyond a double) ends the check with an error, not a panic.
+                let c = (|| {
+                    Ok::<_, tokio_postgres::Error>(Candidate {
+                        key: TupleKey {
+                            object: r.try_get(0)?,
+                            relation: r.try_get(1)?,
+                            user: r.try_get(2)?,
+                        },
+                        present: r.try_get(3)?,
+                        condition: r.try_get(4)?,
+                        row: r.try_get(5)?,
+                        state: r.try_get(6)?,
+                        held: r.try_get(7)?,
+                        held_condition: r.try_get(8)?,
+                        moved: r.try_get(9)?,
+                    })
+                })()
+                .map_err(|e| db_error(what, e))?;
                 let Some(finding) = summary.classify(c) else {
                     continue;
                 };

@@ -35,7 +35,7 @@ mod settings;
 
 pub use settings::{Options, ReadBy};
 
-use crate::config::{self, DbSettings, FgaSettings};
+use crate::config::{DbSettings, FgaSettings};
 use crate::openfga::{FgaClient, PreflightError};
 use compare::Summary;
 use db::Db;
@@ -55,7 +55,7 @@ pub enum Verdict {
 /// the corrections; the report goes to stdout as it is found.
 pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::Result<Verdict> {
     info!(
-        database = %config::redact_database_url(db.url.expose()),
+        database = %crate::db::target::summary(db.url.expose()),
         table = %db.table,
         api_url = %fga.api_url,
         store = ?fga.store,

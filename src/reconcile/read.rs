@@ -4,7 +4,7 @@
 use super::db::Db;
 use super::progress::{Meter, Progress};
 use crate::backoff::Backoff;
-use crate::openfga::{FailureClass, FgaClient, MAX_READ_PAGE, ReadPage, WriteError};
+use crate::openfga::{FailureClass, FgaClient, MAX_READ_PAGE, ReadPage};
 use crate::payload::TupleKey;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,13 +35,9 @@ pub(super) async fn read_page(
             Ok(page) => return Ok(page),
             Err(e) if e.class() == FailureClass::Transient && attempt + 1 < READ_ATTEMPTS => {
                 attempt += 1;
-                let wait = match &e {
-                    WriteError::Transient {
-                        retry_after: Some(d),
-                        ..
-                    } => *d,
-                    _ => READ_BACKOFF.delay(attempt),
-                };
+                let wait = e
+                    .retry_after()
+                    .unwrap_or_else(|| READ_BACKOFF.delay(attempt));
                 warn!(error = %e, attempt, "OpenFGA Read failed; trying again");
                 tokio::time::sleep(wait).await;
             }

@@ -144,6 +144,9 @@ pub struct WriteRecord {
     pub body: Value,
     /// The HTTP status answered; 0 while unanswered, and for `Hang` and `CloseConnection`.
     pub status: u16,
+    /// When it was answered (or, for a delayed write whose client left, applied); `None` while
+    /// in flight and for `Hang` and `CloseConnection`.
+    pub answered_at: Option<Instant>,
     /// The raw `Authorization` header, if any.
     pub authorization: Option<String>,
 }
@@ -219,9 +222,35 @@ pub enum Fault {
         content_type: String,
         body: String,
     },
+    /// A redirect from something in front of OpenFGA (`Location: location`); nothing applied.
+    Redirect { status: u16, location: String },
+}
+
+/// Faults drawn at random for every write request no [`FaultRule`] matched, as a flaky or
+/// overloaded deployment (several replicas behind a load balancer, a rate limiter) answers.
+#[derive(Clone, Debug, Default)]
+pub struct RandomFaults {
+    /// Share of writes answered 500 `internal_error`.
+    pub internal: f64,
+    /// Share of writes answered 429, with `Retry-After: retry_after` when given.
+    pub rate_limited: f64,
+    pub retry_after: Option<String>,
 }
 
 impl Fault {
+    /// A proxy's HTML error page (nginx's form), as it stands in front of OpenFGA.
+    pub fn html(status: u16, title: &str) -> Fault {
+        Fault::Garbage {
+            status,
+            content_type: "text/html".into(),
+            body: format!(
+                "<html>\r\n<head><title>{status} {title}</title></head>\r\n<body>\r\n\
+                 <center><h1>{status} {title}</h1></center>\r\n<hr><center>nginx</center>\r\n\
+                 </body>\r\n</html>\r\n"
+            ),
+        }
+    }
+
     pub fn status(status: u16, code: &str, message: &str) -> Fault {
         Fault::Status {
             status,
@@ -593,26 +622,14 @@ impl FakeFga {
     /// `reset_requests`), in arrival order, with its outcome. Parses the recorded bodies on
     /// each call: in a tight polling loop prefer [`FakeFga::write_count`].
     pub fn writes(&self) -> Vec<WriteRecord> {
-        let raw: Vec<(Instant, Bytes, u16, Option<String>)> = self
-            .shared
-            .state()
-            .writes
-            .iter()
-            .map(|r| {
-                (
-                    r.received_at,
-                    r.body.clone(),
-                    r.status,
-                    r.authorization.clone(),
-                )
-            })
-            .collect();
+        let raw: Vec<RecordInner> = self.shared.state().writes.clone();
         raw.into_iter()
-            .map(|(received_at, body, status, authorization)| WriteRecord {
-                received_at,
-                body: body_as_json(&body),
-                status,
-                authorization,
+            .map(|r| WriteRecord {
+                received_at: r.received_at,
+                answered_at: r.answered_at,
+                body: body_as_json(&r.body),
+                status: r.status,
+                authorization: r.authorization,
             })
             .collect()
     }
@@ -647,6 +664,17 @@ impl FakeFga {
 
     pub fn clear_faults(&self) {
         self.shared.state().faults.clear();
+    }
+
+    /// Faults at random for every write no rule matched; `None` to stop them.
+    pub fn set_random_faults(&self, faults: Option<RandomFaults>) {
+        self.shared.state().random = faults;
+    }
+
+    /// A proxy in front of OpenFGA with a body limit: a write body above `bytes` is answered
+    /// 413 with the proxy's HTML page, before OpenFGA sees it. `None`: no limit.
+    pub fn set_body_limit(&self, bytes: Option<usize>) {
+        self.shared.state().body_limit = bytes;
     }
 
     /// `true`: stop listening (new connections are refused) and close every open connection,
@@ -768,6 +796,8 @@ struct Db {
     writes_epoch: u64,
     changelog: Vec<ChangeInner>,
     faults: VecDeque<FaultRule>,
+    random: Option<RandomFaults>,
+    body_limit: Option<usize>,
 }
 
 impl Db {
@@ -844,8 +874,10 @@ impl Entry {
     }
 }
 
+#[derive(Clone)]
 struct RecordInner {
     received_at: Instant,
+    answered_at: Option<Instant>,
     body: Bytes,
     status: u16,
     authorization: Option<String>,
@@ -1186,7 +1218,7 @@ async fn write_route(
         .get(header::AUTHORIZATION)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let record = fga.record_write(body.clone(), authorization);
-    let reply = fga.write(&store_id, &headers, &body, &conn).await;
+    let reply = fga.write(&store_id, &headers, &body, &conn, record).await;
     fga.finish_write(record, reply.status);
     reply.into_response()
 }
@@ -1200,6 +1232,7 @@ impl Shared {
         let mut state = self.state();
         state.writes.push(RecordInner {
             received_at: Instant::now(),
+            answered_at: None,
             body,
             status: 0,
             authorization,
@@ -1213,6 +1246,7 @@ impl Shared {
             && let Some(record) = state.writes.get_mut(index)
         {
             record.status = status;
+            record.answered_at = Some(Instant::now());
         }
     }
 
@@ -1488,7 +1522,23 @@ impl Shared {
         headers: &HeaderMap,
         body: &Bytes,
         conn: &ConnCtl,
+        record: (u64, usize),
     ) -> Reply {
+        // 0. A proxy in front with a body limit answers before OpenFGA sees anything.
+        let limit = self.state().body_limit;
+        if limit.is_some_and(|l| body.len() > l) {
+            let Fault::Garbage {
+                status,
+                content_type,
+                body,
+            } = Fault::html(413, "Request Entity Too Large")
+            else {
+                unreachable!("html() is a Garbage fault")
+            };
+            let mut reply = Reply::json(status, body);
+            reply.content_type = Cow::Owned(content_type);
+            return reply;
+        }
         // 1. grpc-gateway decodes the body (ref §1 "JSON decoding").
         let parsed = match ParsedWrite::decode(body) {
             Ok(p) => p,
@@ -1546,12 +1596,19 @@ impl Shared {
                 let body = body.clone();
                 let task = tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    fga.execute_write_bytes(&store_id, &body)
+                    let reply = fga.execute_write_bytes(&store_id, &body);
+                    // Recorded here too: the client may have left (killed), and the write still
+                    // lands now.
+                    fga.finish_write(record, reply.status);
+                    reply
                 });
                 match task.await {
                     Ok(reply) => reply,
                     Err(_) => Reply::encoded(500, "internal_error", "Internal Server Error"),
                 }
+            }
+            Some(Fault::Redirect { status, location }) => {
+                return Reply::json(status, Bytes::new()).header("location", &location);
             }
             Some(Fault::Hang) => return std::future::pending().await,
             Some(Fault::CloseConnection) => {
@@ -1570,7 +1627,23 @@ impl Shared {
                     req.all_keys()
                         .any(|(user, relation, object)| user == u && relation == r && object == o)
                 })
-        })?;
+        });
+        let Some(index) = index else {
+            let random = state.random.clone()?;
+            let draw = fastrand::f64();
+            return if draw < random.internal {
+                Some(Fault::internal())
+            } else if draw < random.internal + random.rate_limited {
+                Some(Fault::Status {
+                    status: 429,
+                    code: "rate_limit_exceeded".to_owned(),
+                    message: "Rate Limit exceeded".to_owned(),
+                    retry_after: random.retry_after,
+                })
+            } else {
+                None
+            };
+        };
         let rule = &mut state.faults[index];
         rule.times -= 1;
         let fault = rule.fault.clone();

@@ -1,7 +1,8 @@
 //! A real PostgreSQL for tests, started by the test itself.
 //!
-//! With `TEST_DATABASE_URL` (or `DATABASE_URL`) set, each [`TestDb`] is a fresh database on that
-//! server, dropped afterwards. Otherwise each [`TestDb`] is its own cluster: `initdb` (copied from
+//! With `TEST_DATABASE_URL` set, each [`TestDb`] is a fresh database on that server, dropped
+//! afterwards. `DATABASE_URL` is never read: it names the operator's own server, where tests
+//! must not create databases and roles. Otherwise each [`TestDb`] is its own cluster: `initdb` (copied from
 //! a template made once per machine and user) and `pg_ctl start` on a Unix socket in a short temp
 //! directory, stopped and removed on drop. As root, every PostgreSQL tool runs through
 //! `runuser -u postgres --`, since PostgreSQL refuses to run as root.
@@ -63,7 +64,6 @@ impl TestDb {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         if let Some(admin) = std::env::var("TEST_DATABASE_URL")
             .ok()
-            .or_else(|| std::env::var("DATABASE_URL").ok())
             .filter(|s| !s.is_empty())
         {
             let name = format!("relay_t_{}_{}", std::process::id(), n);

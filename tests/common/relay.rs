@@ -185,6 +185,21 @@ pub async fn insert_with(client: &tokio_postgres::Client, payload: serde_json::V
         .get(0)
 }
 
+/// Inserts one outbox row from JSON text (cast to jsonb by PostgreSQL, which takes documents
+/// `serde_json::Value` cannot hold); returns its id, or PostgreSQL's refusal.
+pub async fn insert_text(
+    client: &tokio_postgres::Client,
+    payload: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    client
+        .query_one(
+            "INSERT INTO fga_outbox (payload) VALUES ($1::text::jsonb) RETURNING id",
+            &[&payload],
+        )
+        .await
+        .map(|r| r.get(0))
+}
+
 /// The Writes OpenFGA accepted (status 200), in arrival order.
 pub fn accepted_writes(fga: &super::fga::FakeFga) -> Vec<super::fga::WriteRecord> {
     fga.writes()
@@ -267,6 +282,11 @@ impl RelayProc {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Whether the process is still running (it has not exited, crashed or panicked).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// SIGKILL: the process dies at once, wherever it is.

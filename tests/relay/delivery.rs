@@ -211,3 +211,106 @@ async fn operations_on_one_tuple_arrive_in_id_order() {
     );
     assert!(env.fga.has("user:anne", "viewer", "document:7"));
 }
+
+/// Operations on one tuple spread over rows that would all fit in one Write: the relay never
+/// puts the tuple twice in a Write, so OpenFGA rejects none of them (it would answer 400
+/// `cannot_allow_duplicate_tuples_in_one_request`, which splitting would then hide: the
+/// rejected Writes are counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tuple_is_never_twice_in_one_write_so_openfga_rejects_none() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    let t = || tk("user:twice", "viewer", "document:t");
+    for i in 0..9 {
+        let other = tk(&format!("user:o{i}"), "viewer", "document:t");
+        insert_with(&client, writes(&[other])).await;
+        let p = if i % 2 == 0 {
+            writes(&[t()])
+        } else {
+            deletes(&[t()])
+        };
+        insert_with(&client, p).await;
+    }
+    let _relay = env.start_relay().await;
+    env.wait_drained().await;
+    let rejected: Vec<_> = env
+        .fga
+        .writes()
+        .into_iter()
+        .filter(|w| w.status != 200)
+        .map(|w| w.body)
+        .collect();
+    assert!(
+        rejected.is_empty(),
+        "OpenFGA rejected {} Writes, the first: {}",
+        rejected.len(),
+        rejected.first().unwrap_or(&Value::Null)
+    );
+    assert_eq!(
+        accepted_writes(&env.fga).len(),
+        9,
+        "one Write per operation on the tuple"
+    );
+    assert!(
+        env.fga.has("user:twice", "viewer", "document:t"),
+        "the last operation wrote it"
+    );
+    assert_eq!(env.dead().await, 0);
+}
+
+/// A row another session holds (a relay that lost leadership but has not stopped yet, or any
+/// transaction that locked it) may be on its way to OpenFGA: a later row on the same tuple
+/// waits for it, while rows on other tuples flow. Once the lock goes, both are delivered, in
+/// id order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_another_session_holds_keeps_later_rows_on_its_tuple_waiting() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    let held = insert_with(&client, writes(&[tk("user:h", "viewer", "document:h")])).await;
+    let behind = insert_with(&client, deletes(&[tk("user:h", "viewer", "document:h")])).await;
+    let other = insert_with(&client, writes(&[tk("user:x", "viewer", "document:x")])).await;
+    let mut holder = env.db.connect().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    let _relay = env.start_relay().await;
+    env.wait_delivered(other).await;
+    // The relay has been through the rows (the one after both is delivered), and a second
+    // insert wakes it again: the row behind the held one still waits.
+    let later = env
+        .insert(writes(&[tk("user:y", "viewer", "document:x")]))
+        .await;
+    env.wait_delivered(later).await;
+    let row = env.row(behind).await;
+    assert!(
+        !row.delivered && !row.dead,
+        "the row behind a held row went: {row:?}"
+    );
+    assert!(!env.fga.has("user:h", "viewer", "document:h"));
+    tx.rollback().await.unwrap();
+    // Nothing announces the lock going away: the next insert (or the sweep) brings the relay back.
+    env.insert(writes(&[tk("user:z", "viewer", "document:x")]))
+        .await;
+    env.wait_drained().await;
+    // Which operations on the held row's tuple OpenFGA accepted, in order (true: a write).
+    let order: Vec<bool> = accepted_writes(&env.fga)
+        .iter()
+        .flat_map(|w| {
+            ["writes", "deletes"].into_iter().filter(|part| {
+                w.body[*part]["tuple_keys"]
+                    .as_array()
+                    .is_some_and(|keys| keys.iter().any(|k| k["user"] == "user:h"))
+            })
+        })
+        .map(|part| part == "writes")
+        .collect();
+    assert_eq!(order, vec![true, false], "the write, then the delete");
+    assert!(
+        !env.fga.has("user:h", "viewer", "document:h"),
+        "the delete came last"
+    );
+}

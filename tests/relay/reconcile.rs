@@ -537,3 +537,22 @@ async fn a_large_outbox_reconciles_in_bounded_memory() {
         "peak RSS grew from {small_peak} KiB (1,000 rows) to {large_peak} KiB (100,000 rows)"
     );
 }
+
+/// A row whose condition context holds what jsonb takes but JSON cannot (a number beyond a
+/// double) never crashes the check: it ends with an error (exit status 2) that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_context_beyond_json_ends_the_check_with_an_error_not_a_panic() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    crate::common::relay::insert_text(
+        &client,
+        r#"{"writes": [{"user": "user:big", "relation": "viewer", "object": "document:big",
+            "condition": {"name": "non_expired", "context": {"expires_at": 1e400}}}]}"#,
+    )
+    .await
+    .unwrap();
+    drain(&env);
+    let o = reconcile(&env, &["--json"]);
+    expect_code(&o, 2, "reconcile over an undecodable condition");
+    assert!(o.stderr.contains("cannot compare"), "{}", o.stderr);
+}

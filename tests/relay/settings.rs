@@ -1,8 +1,8 @@
 //! Bad settings stop the binary at once with exit status 2 and one line naming the setting;
 //! secrets never reach a log line.
 
-use crate::common::pg::TestDb;
-use crate::common::relay::{BIN, Env, tk, writes};
+use crate::common::pg::{PgOptions, TestDb};
+use crate::common::relay::{BIN, Env, assert_success, tk, writes};
 use std::process::Command;
 
 fn stderr_of(out: &std::process::Output) -> String {
@@ -165,7 +165,7 @@ async fn secrets_never_reach_the_logs() {
     env.wait_delivered(id).await;
     let logs = relay.logs();
     assert!(logs.contains("fga-relay starting"), "{logs}");
-    assert!(logs.contains("password=[redacted]"), "{logs}");
+    assert!(logs.contains("user=relay"), "{logs}");
     assert!(!logs.contains("s3cret-token"), "{logs}");
     assert!(!logs.contains("pa55word"), "{logs}");
 }
@@ -183,4 +183,100 @@ async fn a_relay_started_before_postgres_waits_for_it() {
         .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
     env.wait_delivered(id).await;
+}
+
+/// Every form libpq takes a password in (URL user info, `%`-encoded, `?password=`, key=value
+/// with spaces around `=`, quoted with a space inside) connects (the server checks the password)
+/// and never puts it in any log line, at any level: the logs say where, not how.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_form_of_database_url_puts_its_password_in_a_log_line() {
+    let db = TestDb::start_with(PgOptions {
+        tcp: true,
+        hba: vec![
+            "local all all trust".to_owned(),
+            "host all all 127.0.0.1/32 scram-sha-256".to_owned(),
+        ],
+        ..PgOptions::default()
+    });
+    let port = db.tcp_port().expect("a TCP port");
+    let env = Env {
+        db,
+        fga: crate::common::fga::FakeFga::start(),
+    };
+    assert_success(&env.command(&["migrate"]).output().unwrap(), "migrate");
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute("CREATE ROLE relay LOGIN SUPERUSER")
+        .await
+        .unwrap();
+    let base = format!("host=127.0.0.1 port={port} user=relay dbname=postgres");
+    // (DATABASE_URL, the password the server knows, what must never be logged)
+    let forms: Vec<(String, &str, Vec<&str>)> = vec![
+        (
+            format!("postgresql://relay:urlSecret1@127.0.0.1:{port}/postgres"),
+            "urlSecret1",
+            vec!["urlSecret1"],
+        ),
+        (
+            format!("postgres://relay:p%40ss%3Aw%2Frd%202@127.0.0.1:{port}/postgres"),
+            "p@ss:w/rd 2",
+            vec!["p%40ss%3Aw%2Frd%202", "p@ss:w/rd 2", "ss:w/rd", "w%2Frd"],
+        ),
+        (
+            format!("postgresql://relay@127.0.0.1:{port}/postgres?password=querySecret3"),
+            "querySecret3",
+            vec!["querySecret3"],
+        ),
+        (
+            format!("{base} password = kvSecret4"),
+            "kvSecret4",
+            vec!["kvSecret4"],
+        ),
+        (
+            format!("{base} password='quoted Secret 5'"),
+            "quoted Secret 5",
+            vec!["quoted Secret 5", "Secret 5"],
+        ),
+    ];
+    for (i, (url, password, secrets)) in forms.iter().enumerate() {
+        admin
+            .batch_execute(&format!("ALTER ROLE relay PASSWORD '{password}'"))
+            .await
+            .unwrap();
+        let id = env
+            .insert(writes(&[tk(&format!("user:f{i}"), "viewer", "document:1")]))
+            .await;
+        let out = env
+            .command(&["drain", "--timeout", "20s"])
+            .env("DATABASE_URL", url)
+            .env("RUST_LOG", "trace")
+            .output()
+            .unwrap();
+        assert_success(&out, &format!("drain with form {i}"));
+        assert!(env.row(id).await.delivered, "form {i}");
+        let logs = format!(
+            "{}{}",
+            stderr_of(&out),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for secret in secrets {
+            assert!(!logs.contains(secret), "form {i}: {secret:?} logged");
+        }
+        assert!(
+            logs.contains("user=relay"),
+            "form {i}: where, not how:\n{logs}"
+        );
+    }
+    // The long-running relay too, at trace, with the last form.
+    let (url, _, secrets) = forms.last().unwrap();
+    let relay = env.spawn_relay(&[("DATABASE_URL", url), ("RUST_LOG", "trace")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:run", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(id).await;
+    let logs = relay.logs();
+    for secret in secrets {
+        assert!(!logs.contains(secret), "{secret:?} logged by run");
+    }
 }
