@@ -16,3 +16,4 @@ mod security;
 mod settings;
 mod wait;
 mod wait_bench;
+mod writers;
