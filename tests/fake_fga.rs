@@ -1,5 +1,5 @@
 //! Tests of the OpenFGA stand-in (`tests/common/fga.rs`) itself, through a real HTTP client.
-//! Expected statuses, codes and messages are those of `shared/reference/openfga-api.md`.
+//! Expected statuses, codes and messages are OpenFGA's own, as its source gives them.
 
 mod common;
 
@@ -628,7 +628,7 @@ async fn writes_are_validated_against_the_model() {
             .await
             .assert_error(400, "validation_error", message);
     }
-    // The reference's own example needs a model with an `org` type.
+    // OpenFGA's documented example (`org:fga`) needs a model with an `org` type.
     let fga2 = FakeFga::builder()
         .model(Model::default().with_type("org"))
         .start();

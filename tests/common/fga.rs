@@ -1,24 +1,23 @@
 //! A stand-in for OpenFGA's HTTP API, for the relay's tests and its benchmark.
 //!
 //! No OpenFGA server can run here, so this module answers as OpenFGA does, byte for byte where
-//! the source code tells us how. Every behaviour follows `shared/reference/openfga-api.md`
-//! (cited below as "ref §N"); where that file is silent, the behaviour was read from the
-//! OpenFGA sources it names (openfga/openfga `da9354f7e670`, openfga/api `f153694bfc20`) and
-//! the file and function are cited instead.
+//! the source code tells us how, and never more lenient than OpenFGA. Every behaviour was read
+//! from the OpenFGA sources (openfga/openfga `da9354f7e670`, openfga/api `f153694bfc20`); the
+//! file and function are cited where it helps.
 //!
-//! What it serves (ref §1, §3): `POST /stores/{id}/write`, `POST /stores/{id}/read`,
+//! What it serves: `POST /stores/{id}/write`, `POST /stores/{id}/read`,
 //! `GET /stores/{id}`, `GET /stores`, `GET /healthz`. Anything else gets the gateway's 404s.
 //! There is one store, [`STORE_ID`], named [`STORE_NAME`], whose one model is [`MODEL_ID`].
 //!
 //! How a request travels, in OpenFGA's order:
 //! 1. grpc-gateway decodes the JSON body (Go `encoding/json` first, then `protojson` with
-//!    `DiscardUnknown`), and takes `store_id` from the path (ref §1 "JSON decoding").
-//! 2. gRPC rejects a request whose protobuf encoding exceeds `512*1204` bytes (ref §2.4).
-//! 3. The PGV validator runs with `ValidateAll` (ref §2.2 step 1); it runs *before*
+//!    `DiscardUnknown`), and takes `store_id` from the path.
+//! 2. gRPC rejects a request whose protobuf encoding exceeds `512*1204` bytes.
+//! 3. The PGV validator runs with `ValidateAll`; it runs *before*
 //!    authentication (openfga `cmd/run/run.go`: the `grpcauth` interceptor is chained last).
-//! 4. Authentication (ref §3 "Authentication").
-//! 5. Injected faults (write requests only; not something OpenFGA does, ref §7 item 10).
-//! 6. The handler: for Write, ref §2.2 steps 2..10.
+//! 4. Authentication.
+//! 5. Injected faults (write requests only; not something OpenFGA does).
+//! 6. The handler: for Write, `Server.Write` then `WriteCommand.Execute`.
 //!
 //! The server runs on its own thread with its own tokio runtime, so it keeps answering while a
 //! test blocks its own thread. It serves HTTP/1.1 connections itself (hyper's
@@ -49,22 +48,22 @@ use tokio_util::task::TaskTracker;
 // ------------------------------------------------------------------------------------------------
 
 /// The one store. 26 characters of `[ABCDEFGHJKMNPQRSTVWXYZ0-9]` (no I, L, O, U), as the
-/// `store_id` PGV pattern requires (ref §1).
+/// `store_id` PGV pattern requires.
 pub const STORE_ID: &str = "01JRE1AYTESTST0RE000000000";
 /// The store's one authorization model (same pattern).
 pub const MODEL_ID: &str = "01JRE1AYTESTM0DE1000000000";
 /// The store's name, as ListStores and GetStore return it.
 pub const STORE_NAME: &str = "relay-test";
-/// OpenFGA's default `maxTuplesPerWrite` (ref §2.4).
+/// OpenFGA's default `maxTuplesPerWrite`.
 pub const DEFAULT_MAX_TUPLES_PER_WRITE: usize = 100;
 
-/// gRPC's `MaxRecvMsgSize`: `serverconfig.DefaultMaxRPCMessageSizeInBytes = 512*1204` (ref §2.4).
+/// gRPC's `MaxRecvMsgSize`: `serverconfig.DefaultMaxRPCMessageSizeInBytes = 512*1204`.
 const MAX_RECV_MSG_SIZE: usize = 512 * 1204;
-/// `DefaultWriteContextByteLimit = 32*1024` (ref §1).
+/// `DefaultWriteContextByteLimit = 32*1024`.
 const CONDITION_CONTEXT_BYTE_LIMIT: usize = 32 * 1024;
-/// `storage.DefaultPageSize` for Read and ListStores (ref §2.4).
+/// `storage.DefaultPageSize` for Read and ListStores.
 const DEFAULT_PAGE_SIZE: usize = 50;
-/// `AuthorizationModelIDHeader` (ref §1 "Success response").
+/// `AuthorizationModelIDHeader`.
 const MODEL_ID_HEADER: &str = "openfga-authorization-model-id";
 /// `requestid.RequestIDHeader`, set on every gRPC answer (openfga `pkg/middleware/requestid`).
 const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -157,8 +156,8 @@ pub enum Op {
     Delete,
 }
 
-/// One applied operation (skipped `ignore` operations are not changes, ref §1 "Semantics of
-/// ignore"). Deletes carry no condition (ref §3 ReadChanges).
+/// One applied operation (skipped `ignore` operations are not changes, as in OpenFGA's
+/// changelog). Deletes carry no condition.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Change {
     pub op: Op,
@@ -260,13 +259,13 @@ impl Fault {
         }
     }
 
-    /// What OpenFGA answers for any hidden internal error (ref §2.3 last row).
+    /// What OpenFGA answers for any hidden internal error.
     pub fn internal() -> Fault {
         Fault::status(500, "internal_error", "Internal Server Error")
     }
 
     /// gRPC `Unavailable` as the gateway reports it when OpenFGA's gRPC side is down: code 4010
-    /// maps to HTTP 500 (ref §2.1). The message is grpc-go's dial error.
+    /// maps to HTTP 500. The message is grpc-go's dial error.
     pub fn unavailable() -> Fault {
         Fault::status(
             500,
@@ -275,8 +274,8 @@ impl Fault {
         )
     }
 
-    /// 429 with `Retry-After: <secs>`. OpenFGA itself never sends this (ref §2.3 "Rate
-    /// limiting"); hosted deployments and proxies do. Code and message are illustrative.
+    /// 429 with `Retry-After: <secs>`. OpenFGA itself never sends this (it has no
+    /// rate limiter); hosted deployments and proxies do. Code and message are illustrative.
     pub fn rate_limited(retry_after_secs: u64) -> Fault {
         Fault::Status {
             status: 429,
@@ -286,7 +285,7 @@ impl Fault {
         }
     }
 
-    /// The concurrent-insert race (ref §2.3): 409 with the literal code "Aborted".
+    /// The concurrent-insert race: 409 with the literal code "Aborted".
     pub fn aborted() -> Fault {
         Fault::status(
             409,
@@ -295,12 +294,12 @@ impl Fault {
         )
     }
 
-    /// The request timeout (ref §2.3): 500 `deadline_exceeded`.
+    /// The request timeout: 500 `deadline_exceeded`.
     pub fn deadline_exceeded() -> Fault {
         Fault::status(500, "deadline_exceeded", "Request Deadline Exceeded")
     }
 
-    /// Datastore throttling (ref §2.3): 500 `resource_exhausted`.
+    /// Datastore throttling: 500 `resource_exhausted`.
     pub fn throttled() -> Fault {
         Fault::status(
             500,
@@ -472,7 +471,7 @@ impl FakeFgaBuilder {
     }
 
     /// OIDC-like authentication: a bearer token is accepted iff `f(token)`. A rejected token
-    /// gets what OpenFGA's OIDC authenticator answers, 401 `invalid_claims` (ref §2.3).
+    /// gets what OpenFGA's OIDC authenticator answers, 401 `invalid_claims`.
     pub fn accept_bearer(mut self, f: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         self.auth = Auth::Bearer(Arc::new(f));
         self
@@ -484,7 +483,7 @@ impl FakeFgaBuilder {
     }
 
     /// A server older than 1.10: `on_duplicate` and `on_missing` are unknown fields, dropped
-    /// by `DiscardUnknown`, so both behave as "error" (ref §1 "Which version added").
+    /// by `DiscardUnknown`, so both behave as "error".
     pub fn legacy(mut self) -> Self {
         self.legacy = true;
         self
@@ -1063,7 +1062,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/stores/{store_id}", get(get_store_route))
         .route("/stores/{store_id}/write", post(write_route))
         .route("/stores/{store_id}/read", post(read_route))
-        // grpc-gateway's routing errors (ref §2.3): an unknown path is NotFound → 5000,
+        // grpc-gateway's routing errors: an unknown path is NotFound → 5000,
         // a known path with another method is 405 → Unimplemented → 5004; both are HTTP 404.
         .fallback(|| async { Reply::error(404, "undefined_endpoint", "Not Found").into_response() })
         .method_not_allowed_fallback(|| async {
@@ -1093,7 +1092,7 @@ impl Reply {
     }
 
     /// OpenFGA's error envelope: Go `json.Encoder` with `SetEscapeHTML(false)`, hence the
-    /// trailing newline (ref §2.1).
+    /// trailing newline.
     fn error(status: u16, code: &str, message: &str) -> Reply {
         let mut body = String::with_capacity(code.len() + message.len() + 32);
         body.push_str("{\"code\":");
@@ -1105,13 +1104,13 @@ impl Reply {
     }
 
     /// An OpenFGA error code (its numeric range sets the status) with its message run through
-    /// `sanitizedMessage` (ref §2.1).
+    /// `sanitizedMessage`.
     fn encoded(status: u16, code: &str, message: &str) -> Reply {
         Reply::error(status, code, &sanitized_message(message))
     }
 
     /// A gRPC `InvalidArgument` (gateway decoding, PGV): the code is derived from the message
-    /// as `ConvertToEncodedErrorCode` does (ref §2.1).
+    /// as `ConvertToEncodedErrorCode` does.
     fn invalid_argument(message: &str) -> Reply {
         let sanitized = sanitized_message(message);
         let code = invalid_argument_code(&sanitized);
@@ -1157,7 +1156,7 @@ fn request_id() -> String {
 
 async fn healthz_route(RawQuery(query): RawQuery) -> Response<Body> {
     // grpc-gateway's healthz endpoint calls the gRPC health service, which bypasses authn
-    // (ref §3 "Health"); the `service` query parameter names the service to check.
+    //; the `service` query parameter names the service to check.
     let service = query
         .as_deref()
         .and_then(|q| {
@@ -1250,7 +1249,7 @@ impl Shared {
         }
     }
 
-    /// ref §3 "Authentication": `grpcauth.AuthFromMD(ctx, "Bearer")` takes the first
+    /// OpenFGA's preshared-key authentication: `grpcauth.AuthFromMD(ctx, "Bearer")` takes the first
     /// `authorization` value, cuts it at the first space and compares the scheme
     /// case-insensitively; any failure there is `bearer_token_missing`.
     fn authenticate(&self, headers: &HeaderMap) -> Result<(), Reply> {
@@ -1288,7 +1287,7 @@ impl Shared {
             return reply.header(REQUEST_ID_HEADER, &rid);
         }
         if store_id != STORE_ID {
-            // openfga `pkg/server/commands/get_store.go`: ErrStoreIDNotFound (ref §3).
+            // openfga `pkg/server/commands/get_store.go`: ErrStoreIDNotFound.
             return Reply::encoded(404, "store_id_not_found", "Store ID not found")
                 .header(REQUEST_ID_HEADER, &rid);
         }
@@ -1539,13 +1538,13 @@ impl Shared {
             reply.content_type = Cow::Owned(content_type);
             return reply;
         }
-        // 1. grpc-gateway decodes the body (ref §1 "JSON decoding").
+        // 1. grpc-gateway decodes the body.
         let parsed = match ParsedWrite::decode(body) {
             Ok(p) => p,
             Err(reply) => return reply,
         };
         let req = parsed.request();
-        // 2. gRPC's receive limit, checked before any interceptor (ref §2.4).
+        // 2. gRPC's receive limit, checked before any interceptor.
         let size = req.proto_size(store_id);
         if size > MAX_RECV_MSG_SIZE {
             return Reply::encoded(
@@ -1555,7 +1554,7 @@ impl Shared {
             );
         }
         let rid = request_id();
-        // 3. PGV, all rules, before authentication (ref §2.2 step 1).
+        // 3. PGV, all rules, before authentication.
         if let Some(msg) = pgv_write(store_id, &req) {
             return Reply::invalid_argument(&msg).header(REQUEST_ID_HEADER, &rid);
         }
@@ -1662,10 +1661,10 @@ impl Shared {
         self.execute_write(store_id, &parsed.request())
     }
 
-    /// `Server.Write` then `WriteCommand.Execute` (ref §2.2 steps 2..10).
+    /// `Server.Write` then `WriteCommand.Execute`.
     fn execute_write(&self, store_id: &str, req: &WriteReq<'_>) -> Reply {
         // Step 2: resolve the model, even for delete-only requests (openfga `pkg/server/server.go`
-        // `resolveTypesystem`; a missing store surfaces here too, ref §2.3).
+        // `resolveTypesystem`; a missing store surfaces here too).
         let model = if store_id == STORE_ID {
             self.model.as_ref()
         } else {
@@ -1917,13 +1916,13 @@ impl Shared {
             );
         }
         drop(state);
-        // ref §1 "Success response": 200 `{}`.
+        // OpenFGA's answer to a successful Write: 200 `{}`.
         Reply::json(200, "{}")
     }
 }
 
 /// `proto.Equal(existing.condition, incoming.condition)` as the SQL datastores evaluate it for
-/// `on_duplicate: "ignore"` (ref §1). A stored condition always reads back with a non-nil
+/// `on_duplicate: "ignore"`. A stored condition always reads back with a non-nil
 /// (possibly empty) context, so an incoming condition *without* a `context` field is unequal
 /// to it — `proto.Equal` tells a nil message from an empty one. Send `"context": {}`.
 fn same_condition(existing: Option<&Cond>, incoming: Option<&(Arc<Cond>, bool)>) -> bool {
@@ -1943,7 +1942,7 @@ fn same_condition(existing: Option<&Cond>, incoming: Option<&(Arc<Cond>, bool)>)
 /// grpc-gateway's `decodeJSONPb`, up to the point where protojson accepts the body: Go's
 /// `json.Decoder` reads the first value into a `json.RawMessage` (an empty body is `io.EOF`,
 /// which the generated code accepts as an empty request; bytes after the first value are never
-/// read), then protojson unmarshals it with `DiscardUnknown` (ref §1 "JSON decoding"). Returns
+/// read), then protojson unmarshals it with `DiscardUnknown`. Returns
 /// the raw first value (`None` for an empty body) or the error answer.
 fn gw_decode<'b>(body: &'b [u8], schema: &[gojson::Field]) -> Result<Option<&'b [u8]>, Reply> {
     match gojson::first_value(body) {
@@ -2612,7 +2611,7 @@ fn pgv_read(store_id: &str, req: &ReadReq<'_>) -> Option<String> {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Error encoding (openfga `pkg/server/errors/encoded_errors.go`, ref §2.1)
+// Error encoding (openfga `pkg/server/errors/encoded_errors.go`)
 // ------------------------------------------------------------------------------------------------
 
 /// `sanitizedMessage`: the text after the last `| caused by:`, `unexpected EOF` →
@@ -2685,7 +2684,7 @@ fn invalid_argument_code(sanitized: &str) -> &'static str {
 
 // ------------------------------------------------------------------------------------------------
 // Tuple validation against the model (openfga `internal/validation/validation.go`,
-// `pkg/tuple/tuple.go`; ref §2.2 step 5, §2.3)
+// `pkg/tuple/tuple.go`)
 // ------------------------------------------------------------------------------------------------
 //
 // The well-formedness rules, exactly as OpenFGA's `pkg/tuple` implements them (no control
