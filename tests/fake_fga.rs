@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::fga::{
     Change, FakeFga, Fault, FaultRule, MODEL_ID, Model, Op, STORE_ID, STORE_NAME, StoredTuple,
-    eventually,
 };
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
@@ -1342,6 +1341,20 @@ async fn behind_the_back_helpers() {
     assert_eq!(fga.write_count(), 0);
     assert!(fga.writes().is_empty());
     assert_eq!(fga.tuples().len(), 2, "reset_requests keeps the tuples");
+}
+
+/// Polls `f` every 10 ms until it returns true; panics with `what` after `timeout`.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut f: F) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
