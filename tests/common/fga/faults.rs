@@ -50,6 +50,7 @@ pub enum Fault {
     /// or when the `FakeFga` is dropped.
     Hang,
     /// Close the TCP connection without any HTTP response; nothing applied.
+    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
     CloseConnection,
     /// Answer with an arbitrary body, as a proxy in front of OpenFGA might; nothing applied.
     Garbage {
@@ -58,6 +59,7 @@ pub enum Fault {
         body: String,
     },
     /// A redirect from something in front of OpenFGA (`Location: location`); nothing applied.
+    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
     Redirect { status: u16, location: String },
 }
 
@@ -102,6 +104,7 @@ impl Fault {
 
     /// gRPC `Unavailable` as the gateway reports it when OpenFGA's gRPC side is down: code 4010
     /// maps to HTTP 500. The message is grpc-go's dial error.
+    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
     pub fn unavailable() -> Fault {
         Fault::status(
             500,
@@ -127,20 +130,6 @@ impl Fault {
             409,
             "Aborted",
             "transactional write failed due to conflict: one or more tuples to write were inserted by another transaction",
-        )
-    }
-
-    /// The request timeout: 500 `deadline_exceeded`.
-    pub fn deadline_exceeded() -> Fault {
-        Fault::status(500, "deadline_exceeded", "Request Deadline Exceeded")
-    }
-
-    /// Datastore throttling: 500 `resource_exhausted`.
-    pub fn throttled() -> Fault {
-        Fault::status(
-            500,
-            "resource_exhausted",
-            "transaction was throttled by the datastore",
         )
     }
 }

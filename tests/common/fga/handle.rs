@@ -42,6 +42,7 @@ impl FakeFgaBuilder {
         self
     }
 
+    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
     pub fn max_tuples_per_write(mut self, n: usize) -> Self {
         self.max_tuples_per_write = n;
         self
@@ -54,6 +55,7 @@ impl FakeFgaBuilder {
         self
     }
 
+    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
     pub fn model(mut self, model: Model) -> Self {
         self.model = Some(model);
         self
@@ -61,6 +63,7 @@ impl FakeFgaBuilder {
 
     /// The store exists but has no model: writes get 400 `latest_authorization_model_not_found`
     /// (or `authorization_model_not_found` when they name [`MODEL_ID`]).
+    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
     pub fn no_model(mut self) -> Self {
         self.model = None;
         self
@@ -231,12 +234,14 @@ impl FakeFga {
     }
 
     /// Faults at random for every write no rule matched; `None` to stop them.
+    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
     pub fn set_random_faults(&self, faults: Option<RandomFaults>) {
         self.shared.state().random = faults;
     }
 
     /// A proxy in front of OpenFGA with a body limit: a write body above `bytes` is answered
     /// 413 with the proxy's HTML page, before OpenFGA sees it. `None`: no limit.
+    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
     pub fn set_body_limit(&self, bytes: Option<usize>) {
         self.shared.state().body_limit = bytes;
     }
@@ -265,6 +270,7 @@ impl FakeFga {
     }
 
     /// Forgets the recorded write requests (not the tuples, nor the changelog).
+    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
     pub fn reset_requests(&self) {
         let mut state = self.shared.state();
         state.writes.clear();

@@ -46,6 +46,7 @@ impl StoredTuple {
     }
 
     /// The condition as JSON (`{"name","context"}`), if any.
+    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
     pub fn condition_value(&self) -> Option<Value> {
         self.condition
             .as_deref()
@@ -56,6 +57,7 @@ impl StoredTuple {
 /// One `POST /stores/{id}/write` as received, whatever became of it.
 #[derive(Clone, Debug)]
 pub struct WriteRecord {
+    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
     pub received_at: Instant,
     /// The body's (first) JSON value; `Value::Null` for an empty body, and the body text as a
     /// `Value::String` when it is not JSON.
@@ -64,6 +66,7 @@ pub struct WriteRecord {
     pub status: u16,
     /// When it was answered (or, for a delayed write whose client left, applied); `None` while
     /// in flight and for `Hang` and `CloseConnection`.
+    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
     pub answered_at: Option<Instant>,
     /// The raw `Authorization` header, if any.
     pub authorization: Option<String>,
