@@ -25,6 +25,18 @@
 //! ([`Fault::CloseConnection`]) and stop listening on its port ([`FakeFga::set_refusing`]).
 //! Dropping the [`FakeFga`] stops the runtime, which ends every connection, hanging ones
 //! included, and joins the thread.
+//!
+//! Where things are:
+//! - `handle`: [`FakeFga`] as a test holds it; `server`: listening and connections; `routes`:
+//!   the gateway's routes and the answer every handler builds.
+//! - `store`: tuples, recorded writes, the changelog, shared state; `model`: the authorization
+//!   model; `hasher`: the write path's fast hasher.
+//! - `decode` (with `schema`, `fastjson`): requests as grpc-gateway and protojson decode them;
+//!   `gojson`: Go `encoding/json`'s scanner and its error texts.
+//! - `request_validation`: PGV; `auth`: authentication; `faults`: injected faults;
+//!   `tuple_validation`: tuples against the model.
+//! - `write`, `read`, `stores`: the handlers; `errors`: how OpenFGA encodes an error;
+//!   `encoding`: JSON text, protobuf sizes, timestamps, continuation tokens.
 
 mod auth;
 mod decode;
