@@ -2,10 +2,8 @@
 
 use super::classify::redirected;
 use super::*;
-use crate::payload::Op;
-use crate::payload::{Condition, TupleKey};
-use serde_json::json;
-use serde_json::{Map, Value};
+use crate::payload::{Condition, Op, TupleKey};
+use serde_json::{Map, Value, json};
 use std::time::Duration;
 
 fn key(u: &str, r: &str, o: &str) -> TupleKey {
