@@ -55,6 +55,11 @@ $$;
 --     GRANT SELECT (id) ON fga_outbox TO fga_outbox_writer;
 GRANT INSERT (payload) ON fga_outbox TO fga_outbox_writer;
 
+-- Read your own writes: fga_outbox_wait(ids, timeout) runs as the table's owner (SECURITY
+-- DEFINER) and reports only on the rows it is given, so EXECUTE is all a writer needs; without
+-- SELECT (id), a writer learns its row's id with `SELECT lastval()` after a one-row INSERT.
+GRANT EXECUTE ON FUNCTION fga_outbox_wait(bigint[], interval) TO fga_outbox_writer;
+
 -- The relay (`run`, `drain`, `status`, `retry`): it reads rows (claims lock them FOR UPDATE,
 -- which needs UPDATE on some column) and updates only the delivery columns; it cannot change a
 -- row's payload, delete a row (no DELETE, no TRUNCATE) or alter the table (it is not the owner).
@@ -65,3 +70,12 @@ GRANT UPDATE (processed_at, failed_at, attempts, last_error) ON fga_outbox TO fg
 -- The one-row record of which relay delivers: read and locked (FOR UPDATE), inserted the first
 -- time, updated at each change of leader.
 GRANT SELECT, INSERT, UPDATE ON fga_outbox_leader TO fga_outbox_relay;
+
+-- Leadership is a lease: a relay that finds the leadership lock held by a session whose lease
+-- ran out (its relay stopped, or cut off while the server's side of the socket stays open) ends
+-- that session with pg_terminate_backend(), and a relay ends its own earlier session after a
+-- reconnect. Sessions of the same role may end each other without a grant. If your relays log in
+-- as different roles, they also need pg_signal_backend, which lets them end any session that is
+-- not a superuser's; a relay that lacks it logs an error and waits until PostgreSQL ends the
+-- stale session itself (TCP keepalives, about 20 s, if the network path is really gone):
+--     GRANT pg_signal_backend TO fga_outbox_relay;

@@ -160,8 +160,11 @@ pub struct DeliverySettings {
     /// How often to drain even without a notification.
     pub sweep_interval: Duration,
     /// How often the dedicated connection is checked; a check that takes longer than this counts
-    /// the connection as dead.
+    /// the connection as dead. The leader renews its lease at each.
     pub heartbeat_interval: Duration,
+    /// How long leadership lasts without a renewal: past it, another relay (or this one after a
+    /// reconnect) ends the session holding the leadership lock.
+    pub leader_lease: Duration,
     /// Failed attempts, made while other rows were being delivered, after which a row that keeps
     /// failing transiently is dead-lettered.
     pub max_attempts: u32,
@@ -176,10 +179,64 @@ impl Default for DeliverySettings {
         DeliverySettings {
             sweep_interval: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(5),
+            leader_lease: Duration::from_secs(15),
             max_attempts: 10,
             batch_size: 500,
             max_in_flight: 16,
         }
+    }
+}
+
+/// What is added to one Write's deadline to make the fence: scheduling, and the clock of the
+/// relay that waits running a little fast against the one that sent.
+pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
+
+impl DeliverySettings {
+    /// How long a new leader waits, after the end of its predecessor's lease, before its first
+    /// Write: the predecessor stops starting Writes when its lease ends by its own clock, and one
+    /// Write call (OIDC token and the retry after a 401 included) is over within the request
+    /// timeout.
+    pub fn fence(&self, request_timeout: Duration) -> Duration {
+        request_timeout + FENCE_MARGIN
+    }
+
+    /// How long before the end of its lease (as PostgreSQL records it) the leader stops sending
+    /// by its own clock: one heartbeat, as renewals come a heartbeat apart and each may take up
+    /// to a heartbeat to be answered.
+    pub fn lease_margin(&self) -> Duration {
+        self.heartbeat_interval
+    }
+
+    /// Checks that the heartbeat, the lease and the request timeout can make the fence sound
+    /// together: a leader renews every heartbeat, a renewal may take a heartbeat to be answered,
+    /// and it stops sending one heartbeat before its lease runs out, so the lease must be at
+    /// least three heartbeats. The request timeout bounds a whole Write call, and the fence is
+    /// that plus a margin; a Write call that could outlast the lease would leave the leader
+    /// unable to stop sending before its lock can be freed.
+    pub fn check_timing(&self, request_timeout: Duration) -> Result<(), ConfigError> {
+        let lease = "--leader-lease (FGA_RELAY_LEADER_LEASE)";
+        if self.leader_lease < self.heartbeat_interval * 3 {
+            return Err(ConfigError::new(
+                &format!("{lease} and --heartbeat-interval (FGA_RELAY_HEARTBEAT_INTERVAL)"),
+                format!(
+                    "a lease of {:?} cannot be renewed in time with a heartbeat every {:?}: \
+                     make the lease at least three heartbeats",
+                    self.leader_lease, self.heartbeat_interval
+                ),
+            ));
+        }
+        if request_timeout >= self.leader_lease {
+            return Err(ConfigError::new(
+                &format!("{lease} and --request-timeout (FGA_RELAY_REQUEST_TIMEOUT)"),
+                format!(
+                    "a Write may take up to {request_timeout:?}, as long as the whole lease \
+                     ({:?}): the leader could not stop sending before its lease runs out; make \
+                     the request timeout shorter than the lease",
+                    self.leader_lease
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -321,6 +378,24 @@ mod tests {
     #[test]
     fn secrets_print_as_redacted() {
         assert_eq!(format!("{:?}", Secret::new("tok")), "[redacted]");
+    }
+
+    #[test]
+    fn heartbeat_lease_and_request_timeout_are_checked_together() {
+        let d = DeliverySettings::default();
+        assert!(d.check_timing(Duration::from_secs(10)).is_ok());
+        let short = DeliverySettings {
+            leader_lease: Duration::from_secs(12),
+            ..DeliverySettings::default()
+        };
+        let e = short.check_timing(Duration::from_secs(2)).unwrap_err();
+        assert!(e.to_string().contains("FGA_RELAY_LEADER_LEASE"), "{e}");
+        assert!(
+            e.to_string().contains("FGA_RELAY_HEARTBEAT_INTERVAL"),
+            "{e}"
+        );
+        let e = d.check_timing(Duration::from_secs(15)).unwrap_err();
+        assert!(e.to_string().contains("FGA_RELAY_REQUEST_TIMEOUT"), "{e}");
     }
 
     #[test]

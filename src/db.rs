@@ -24,6 +24,9 @@ pub type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 pub struct PgConnect {
     pub config: Config,
     tls: MakeRustlsConnect,
+    /// The longest the relay's transactions may stay idle (None: no limit); see
+    /// [`claim_idle_limit`].
+    pub idle_in_transaction: Option<Duration>,
 }
 
 impl PgConnect {
@@ -41,17 +44,54 @@ impl PgConnect {
     }
 }
 
-/// Settings every relay session runs with.
+/// How long the client waits for the server to acknowledge what it sent, and the server for the
+/// client, before the connection counts as dead. TCP keepalives alone stop probing as soon as one
+/// side has unacknowledged data (a notification, an answer), and Linux then retries for about 15
+/// minutes; with this, a dead peer becomes an error in about 20 s either way.
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Settings every relay session runs with, whatever the server's defaults say.
 ///
-/// - `synchronous_commit = off`: marking rows delivered need not wait for the WAL flush. If
-///   PostgreSQL crashes, the last few hundred milliseconds of marks may be lost, and those rows
-///   are delivered again: harmless, deliveries are idempotent, and it spares a disk flush per
-///   batch.
-/// - TCP keepalives from the server's side: a relay that vanished (network cut, not closed) is
-///   noticed by PostgreSQL within about 25 s instead of 2 hours, which releases its leadership
-///   and its row locks. (Ignored on Unix sockets, which cannot vanish that way.)
-const SESSION_SETUP: &str = "SET synchronous_commit = off; \
-    SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3";
+/// - `synchronous_commit = off` (pooled sessions): marking rows delivered need not wait for the
+///   WAL flush. If PostgreSQL crashes, the last few hundred milliseconds of marks may be lost,
+///   and those rows are delivered again: harmless, deliveries are idempotent, and it spares a
+///   disk flush per batch. The dedicated session keeps it on: it records leadership and the
+///   lease, which a new leader must not find older than they were.
+/// - `idle_in_transaction_session_timeout`: each Write's transaction holds its rows' locks while
+///   the Write is in flight, so a server-wide limit meant for applications (say 1 s) would end it
+///   before a slow OpenFGA answers, and the Write would be sent again forever. The relay sets its
+///   own: long enough for one Write call (see [`claim_idle_limit`]), short enough that the locks
+///   of a relay that stopped or was cut off are freed by the server.
+///   0 (none) for the commands that do not deliver.
+/// - `statement_timeout = 0`, and `idle_session_timeout = 0` where it exists: the relay's
+///   statements are short, and waits on its own sessions are bounded by the relay itself (the
+///   heartbeat); a server-wide limit would end the idle LISTEN session of a standby.
+/// - TCP keepalives and `tcp_user_timeout` from the server's side: a relay that vanished
+///   (network cut, not closed) is noticed by PostgreSQL within about 20 s, even when the server
+///   has data for it (a notification) that is never acknowledged. (Ignored on Unix sockets,
+///   which cannot vanish that way.)
+fn session_setup(idle_in_transaction: Option<Duration>, synchronous_commit: bool) -> String {
+    let idle_ms = idle_in_transaction.map_or(0, |d| d.as_millis());
+    format!(
+        "SET synchronous_commit = {}; \
+         SET idle_in_transaction_session_timeout = {idle_ms}; SET statement_timeout = 0; \
+         SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 5; \
+         SET tcp_keepalives_count = 3; \
+         SELECT set_config('tcp_user_timeout', '{}', false) \
+          WHERE current_setting('server_version_num')::integer >= 120000; \
+         SELECT set_config('idle_session_timeout', '0', false) \
+          WHERE current_setting('server_version_num')::integer >= 140000",
+        if synchronous_commit { "on" } else { "off" },
+        TCP_USER_TIMEOUT.as_millis()
+    )
+}
+
+/// The longest a delivering relay's transaction may stay idle (the server ends it past that):
+/// each Write's transaction is idle while its one Write call runs, bounded by
+/// `request_timeout`; with a margin.
+pub fn claim_idle_limit(request_timeout: Duration) -> Duration {
+    request_timeout + Duration::from_secs(5)
+}
 
 /// Parses `DATABASE_URL` into a connection config with the relay's defaults: a writable server
 /// (after a failover, a standby is skipped), a connect timeout, and client-side keepalives.
@@ -85,17 +125,20 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<PgConn
         cfg.connect_timeout(Duration::from_secs(5));
     }
     cfg.keepalives(true)
-        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_idle(Duration::from_secs(5))
         .keepalives_interval(Duration::from_secs(5))
-        .keepalives_retries(3);
+        .keepalives_retries(3)
+        .tcp_user_timeout(TCP_USER_TIMEOUT);
     Ok(PgConnect {
         config: cfg,
         tls: pg_tls.connector,
+        idle_in_transaction: None,
     })
 }
 
 /// The pool for short statements: claims, marks and the commands.
 pub fn pool(pg: PgConnect, size: usize) -> Pool {
+    let setup = session_setup(pg.idle_in_transaction, false);
     let manager = Manager::from_config(
         pg.config,
         pg.tls,
@@ -108,10 +151,11 @@ pub fn pool(pg: PgConnect, size: usize) -> Pool {
         .wait_timeout(Some(Duration::from_secs(30)))
         .create_timeout(Some(Duration::from_secs(10)))
         .runtime(deadpool_postgres::Runtime::Tokio1)
-        .post_create(Hook::async_fn(|client, _| {
+        .post_create(Hook::async_fn(move |client, _| {
+            let setup = setup.clone();
             Box::pin(async move {
                 client
-                    .batch_execute(SESSION_SETUP)
+                    .batch_execute(&setup)
                     .await
                     .map_err(HookError::Backend)
             })
@@ -127,9 +171,12 @@ pub async fn connect_dedicated(
     pg.config.connect(pg.tls.clone()).await
 }
 
-/// Runs the relay's session settings on a dedicated connection.
-pub async fn setup_session(client: &Client) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(SESSION_SETUP).await
+/// Runs the relay's session settings on a dedicated connection (durable commits: it records
+/// leadership).
+pub async fn setup_session(pg: &PgConnect, client: &Client) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&session_setup(pg.idle_in_transaction, true))
+        .await
 }
 
 /// A short description of a database error with its SQLSTATE, for logs and `last_error`.

@@ -314,6 +314,9 @@ pub struct PassReport {
     pub writes: u64,
     /// Rows passed over: held back, behind a held row, or held by another session.
     pub held: u64,
+    /// Of those, rows held by another session: worth looking at again soon, as no notification
+    /// will announce that the session let them go.
+    pub locked: u64,
     /// Back off this long before the next pass (an outage or a configuration error).
     pub wait: Option<Duration>,
     /// When the earliest held row may be retried.
@@ -635,6 +638,7 @@ impl Deliverer {
                     if missing.contains(&c.id) {
                         blocked.extend(c.hashes.iter().copied());
                         report.held += 1;
+                        report.locked += 1;
                     } else {
                         rest.push(c);
                     }

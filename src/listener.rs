@@ -8,11 +8,15 @@
 //!
 //! A heartbeat query notices a connection that died silently (a network cut sends no error)
 //! within two heartbeat intervals; the session is then *lost* and the relay makes a new one.
+//! While the session leads, the heartbeat renews the lease (see [`crate::leadership`]), and the
+//! session counts as lost as soon as its lease has run out by the relay's own clock: a relay
+//! that was stopped, or cut off, must not send once another may have taken over.
 
+use crate::leadership::{Backend, Lease, Taken};
 use crate::schema::{LEADER_LOCK_CLASS, WAKE_LOCK_CLASS};
 use std::future::poll_fn;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Client};
@@ -32,7 +36,17 @@ pub struct Session {
     lost: CancellationToken,
     /// The table's oid: the second key of the leadership and wake locks.
     oid: i32,
+    /// This session's backend on the server.
+    backend: Backend,
+    lease: Arc<Lease>,
+    /// While leading: until when this relay may send, by its own clock.
+    term: Arc<Mutex<Option<Instant>>>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// The guarded value, also after a panic elsewhere (the data is a plain value, never half-made).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What a session is for.
@@ -42,6 +56,8 @@ pub struct SessionOptions<'a> {
     pub heartbeat: Duration,
     /// Called for each notification received.
     pub on_notification: Arc<dyn Fn() + Send + Sync>,
+    /// The lease this session renews while it leads.
+    pub lease: Arc<Lease>,
 }
 
 impl Session {
@@ -97,18 +113,43 @@ impl Session {
             })
         };
 
+        let term: Arc<Mutex<Option<Instant>>> = Arc::default();
         let heartbeat = {
             let client = client.clone();
             let lost = lost.clone();
             let every = opts.heartbeat;
+            let lease = opts.lease.clone();
+            let term = term.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep(every) => {}
                         _ = lost.cancelled() => return,
                     }
-                    match tokio::time::timeout(every, client.simple_query("SELECT 1")).await {
-                        Ok(Ok(_)) => {}
+                    let sent = Instant::now();
+                    let leading = locked(&term).is_some();
+                    let check = async {
+                        if leading {
+                            lease.renew(&client).await.map(Some)
+                        } else {
+                            client.simple_query("SELECT 1").await.map(|_| None)
+                        }
+                    };
+                    match tokio::time::timeout(every, check).await {
+                        Ok(Ok(None)) => {}
+                        Ok(Ok(Some(true))) => {
+                            let mut t = locked(&term);
+                            if t.is_some() {
+                                *t = Some(sent + lease.lease - lease.margin);
+                            }
+                        }
+                        Ok(Ok(Some(false))) => {
+                            if locked(&term).is_some() {
+                                warn!("another relay has taken over leadership");
+                                lost.cancel();
+                                return;
+                            }
+                        }
                         Ok(Err(e)) => {
                             warn!(error = %crate::db::describe(&e), "heartbeat failed");
                             lost.cancel();
@@ -124,14 +165,18 @@ impl Session {
             })
         };
 
+        crate::db::setup_session(cfg, &client).await?;
+        let backend = crate::leadership::backend(&client).await?;
         let session = Session {
             client,
             wake,
             lost,
             oid,
+            backend,
+            lease: opts.lease,
+            term,
             tasks: vec![driver, heartbeat],
         };
-        crate::db::setup_session(&session.client).await?;
         if let Some(channel) = opts.channel {
             session
                 .client
@@ -189,14 +234,63 @@ impl Session {
         &self.wake
     }
 
-    /// Tries to become the relay that delivers. Never blocks: a standby tries again later.
-    pub async fn try_lead(&self) -> Result<bool, tokio_postgres::Error> {
-        self.try_lock(LEADER_LOCK_CLASS).await
+    /// Tries to become the relay that delivers. Never blocks: a standby tries again later. On
+    /// success, leadership is recorded with a fresh lease, which the heartbeat renews from now
+    /// on; the caller must wait as [`Taken`] says before its first Write.
+    pub async fn try_lead(&self) -> Result<Option<Taken>, tokio_postgres::Error> {
+        if !self.try_lock(LEADER_LOCK_CLASS).await? {
+            return Ok(None);
+        }
+        let sent = Instant::now();
+        let taken = self.lease.take(&self.client).await?;
+        *locked(&self.term) = Some(sent + self.lease.lease - self.lease.margin);
+        Ok(Some(taken))
     }
 
-    /// Lets go of leadership.
-    pub async fn release_lead(&self) -> Result<(), tokio_postgres::Error> {
+    /// Whether this session leads and its lease still holds by our own clock. Past its end the
+    /// session counts as lost at once: another relay may have ended it and be delivering.
+    pub fn lease_valid(&self) -> bool {
+        let until = *locked(&self.term);
+        match until {
+            Some(until) if Instant::now() < until => true,
+            Some(_) => {
+                if !self.lost.is_cancelled() {
+                    warn!("the leadership lease ran out before it could be renewed; stopping");
+                    self.lost.cancel();
+                }
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Lets go of leadership, recording that this relay's own Writes are finished: the next
+    /// leader waits only for `inherited`.
+    pub async fn release_lead(
+        &self,
+        inherited: Option<SystemTime>,
+    ) -> Result<(), tokio_postgres::Error> {
+        *locked(&self.term) = None;
+        self.lease.release(&self.client, inherited).await?;
         self.unlock(LEADER_LOCK_CLASS).await
+    }
+
+    /// Ends the session holding leadership if its lease has run out. Returns its pid, and
+    /// whether PostgreSQL let us end it.
+    pub async fn end_expired_leader(&self) -> Result<Option<(i32, bool)>, tokio_postgres::Error> {
+        self.lease
+            .end_expired(&self.client, (LEADER_LOCK_CLASS, self.oid))
+            .await
+    }
+
+    /// Ends an earlier session of this relay's own (see [`Lease::end_session`]).
+    pub async fn end_session(&self, backend: Backend) -> Result<bool, tokio_postgres::Error> {
+        self.lease.end_session(&self.client, backend).await
+    }
+
+    /// This session's backend on the server.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// Takes the wake lock before sleeping: from then on every writer notifies. Never the
@@ -215,7 +309,7 @@ impl Session {
             .client
             .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &self.oid])
             .await?;
-        Ok(row.get(0))
+        row.try_get(0)
     }
 
     async fn unlock(&self, class: i32) -> Result<(), tokio_postgres::Error> {

@@ -1,22 +1,25 @@
 //! `fga-relay run` and `fga-relay drain`: the loops around [`Deliverer::pass`].
 //!
 //! One relay at a time delivers: the one holding the leadership lock on its dedicated
-//! connection. The others are hot standbys that try to take the lock at every heartbeat. The
-//! leader drains after every (re)connect, after every notification, and at every sweep; before
-//! it sleeps it takes the wake lock and looks once more (see `sql/schema/0002_wakeup.sql`).
+//! connection, under a lease it renews at every heartbeat (see [`crate::leadership`]). The
+//! others are hot standbys that try to take the lock at every heartbeat, and end the holder's
+//! session once its lease has run out. The leader drains after every (re)connect, after every
+//! notification, and at every sweep; before it sleeps it takes the wake lock and looks once more
+//! (see `sql/schema/0002_wakeup.sql`).
 
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
 use crate::db::PgConnect;
 use crate::delivery::{Deliverer, PassReport};
+use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::schema::TableInfo;
 use crate::store::{Store, StoreError};
 use crate::systemd::Notifier;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -31,6 +34,16 @@ const LINGER_BELOW: u64 = 500;
 const RECONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// Retrying after a database error during a pass.
 const DB_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+/// Looking again while writers hold the wake lock (they are inserting now, and skip NOTIFY).
+/// Quick at first, as writers' transactions are mostly short; capped at 2 s (1–2 s with jitter),
+/// because a writer's transaction may stay open for minutes and the relay must not run a pass
+/// every few milliseconds all that time: at the cap, a look (the lock, then a pass of three
+/// statements) costs about 3 statements a second. Rows committed meanwhile wait up to 2 s.
+const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(2));
+/// Looking again at rows another session holds: no notification announces that it let them go.
+const LOCKED_ROWS_POLL: Duration = Duration::from_millis(500);
+/// Trying the leadership lock again right after ending a stale leader's session.
+const AFTER_ENDING_LEADER: Duration = Duration::from_millis(100);
 
 /// Everything a relay needs, built once by the command line (or a test).
 pub struct Relay {
@@ -46,6 +59,32 @@ pub struct Relay {
     pub identity: String,
     /// systemd's readiness and watchdog (does nothing outside systemd).
     pub systemd: Arc<Notifier>,
+    /// What this process remembers of its own terms of leadership.
+    pub terms: Terms,
+}
+
+/// What a relay process remembers of its own terms of leadership across reconnects.
+#[derive(Default)]
+pub struct Terms {
+    lease: OnceLock<Arc<Lease>>,
+    /// Set while no Write of this process's last term can be in flight: what that term had to
+    /// wait for (`not_before` of its predecessors). Retaking leadership while still the
+    /// recorded holder, the relay need wait only for that, not for its own lease.
+    carry: Mutex<Option<Option<SystemTime>>>,
+    /// The session this process last gave up on: on the server it may still be open, holding
+    /// the leadership lock, and is ended at the next connect.
+    abandoned: Mutex<Option<Backend>>,
+}
+
+/// The guarded value, also after a panic elsewhere (the data is a plain value, never half-made).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A term of leadership under way.
+struct Term {
+    /// What this term had to wait for; the next leader must still wait for it.
+    inherited: Option<SystemTime>,
 }
 
 /// How leading ended.
@@ -108,6 +147,21 @@ impl Relay {
         }
     }
 
+    fn lease(&self) -> Arc<Lease> {
+        self.terms
+            .lease
+            .get_or_init(|| {
+                Arc::new(Lease::new(
+                    &self.db.table,
+                    self.identity.clone(),
+                    self.delivery.leader_lease,
+                    self.delivery.lease_margin(),
+                    self.delivery.fence(self.fga.request_timeout),
+                ))
+            })
+            .clone()
+    }
+
     fn session_options(&self, listen: bool) -> SessionOptions<'_> {
         let metrics = self.metrics.clone();
         SessionOptions {
@@ -116,6 +170,69 @@ impl Relay {
             on_notification: Arc::new(move || {
                 metrics.notifications.inc();
             }),
+            lease: self.lease(),
+        }
+    }
+
+    /// Opens the dedicated connection, and ends the one this process gave up on before, which
+    /// on the server may still be open and hold leadership (a connection whose bytes are lost
+    /// both ways while the server's side looks healthy): nobody would deliver until its lease
+    /// ran out.
+    async fn connect(&self, listen: bool) -> Result<Session, tokio_postgres::Error> {
+        let session = Session::connect(
+            &self.listener_config(),
+            self.table.oid,
+            self.session_options(listen),
+        )
+        .await?;
+        let abandoned = locked(&self.terms.abandoned).take();
+        if let Some(old) = abandoned {
+            match session.end_session(old).await {
+                Ok(true) => {
+                    warn!(
+                        pid = old.pid,
+                        "ended this relay's previous session, still open on the server"
+                    )
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    debug!(error = %crate::db::describe(&e), "cannot end the previous session")
+                }
+            }
+        }
+        Ok(session)
+    }
+
+    /// Gives up on a session (lost): remembered, to be ended at the next connect. The pool's
+    /// idle connections go too: they share the session's path to the server and may be as
+    /// dead as it was, with nothing to tell (a silent path answers no heartbeat of theirs).
+    fn abandon(&self, session: &Session) {
+        *locked(&self.terms.abandoned) = Some(session.backend());
+        self.store.pool().retain(|_, _| false);
+    }
+
+    /// One pass, given up if the session is lost and the pass does not end within one Write's
+    /// deadline of that (its connections are frozen): its Writes may then still be in flight, so
+    /// retaking leadership waits for this process's own lease too, and the pool's connections,
+    /// which may be stuck the same way, are made anew. None when given up.
+    async fn guarded_pass(
+        &self,
+        deliverer: &mut Deliverer,
+        session: &Session,
+        keep_going: &dyn Fn() -> bool,
+    ) -> Option<Result<PassReport, StoreError>> {
+        let grace = self.delivery.fence(self.fga.request_timeout);
+        tokio::select! {
+            r = deliverer.pass(keep_going) => Some(r),
+            _ = async {
+                session.lost().cancelled().await;
+                tokio::time::sleep(grace).await;
+            } => {
+                warn!("a pass did not end after the connection was lost; giving it up");
+                *locked(&self.terms.carry) = None;
+                self.store.pool().retain(|_, _| false);
+                None
+            }
         }
     }
 
@@ -143,13 +260,7 @@ impl Relay {
         let mut failures = 0u32;
         let mut connected_before = false;
         while !shutdown.is_cancelled() {
-            let session = match Session::connect(
-                &self.listener_config(),
-                self.table.oid,
-                self.session_options(true),
-            )
-            .await
-            {
+            let session = match self.connect(true).await {
                 Ok(s) => s,
                 Err(e) => {
                     failures += 1;
@@ -175,8 +286,8 @@ impl Relay {
             self.systemd.ready("LISTEN connection up");
 
             let end = match self.stand_by(&session, &shutdown).await {
-                Ok(true) => self.lead(&session, &mut deliverer, &shutdown).await,
-                Ok(false) => LeadEnd::Shutdown,
+                Ok(Some(taken)) => self.lead(&session, taken, &mut deliverer, &shutdown).await,
+                Ok(None) => LeadEnd::Shutdown,
                 Err(()) => LeadEnd::Lost,
             };
             self.metrics.leader.set(0);
@@ -186,6 +297,7 @@ impl Relay {
                 LeadEnd::Shutdown => break,
                 LeadEnd::Lost => {
                     warn!("LISTEN connection lost; reconnecting");
+                    self.abandon(&session);
                     // Another relay may deliver while we are away: what we knew about rows
                     // may no longer hold.
                     deliverer.forget();
@@ -196,17 +308,45 @@ impl Relay {
         info!("relay stopped");
     }
 
-    /// Waits until this relay holds leadership. Ok(false) on shutdown, Err on a lost session.
-    async fn stand_by(&self, session: &Session, shutdown: &CancellationToken) -> Result<bool, ()> {
+    /// Waits until this relay holds leadership. Ok(None) on shutdown, Err on a lost session.
+    /// Each time the lock is held by another session, ends that session if its lease ran out.
+    async fn stand_by(
+        &self,
+        session: &Session,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Taken>, ()> {
         let mut announced = false;
+        let mut refused = false;
         loop {
+            let mut next_try = self.delivery.heartbeat_interval;
             match session.try_lead().await {
-                Ok(true) => return Ok(true),
-                Ok(false) => {
+                Ok(Some(taken)) => return Ok(Some(taken)),
+                Ok(None) => {
                     if !announced {
                         self.systemd.status("standby: another relay is delivering");
                         info!("another relay is delivering; standing by");
                         announced = true;
+                    }
+                    match session.end_expired_leader().await {
+                        Ok(Some((pid, true))) => {
+                            warn!(pid, lease = ?self.delivery.leader_lease,
+                                "ended the session holding leadership: its lease had run out");
+                            next_try = AFTER_ENDING_LEADER;
+                        }
+                        Ok(Some((pid, false))) if !refused => {
+                            error!(
+                                pid,
+                                "the session holding leadership has let its lease run \
+                                out, but PostgreSQL did not let this relay end it: give the \
+                                relays' roles pg_signal_backend (see `fga-relay sql --roles`)"
+                            );
+                            refused = true;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            warn!(error = %crate::db::describe(&e), "cannot check the leader's lease");
+                            return Err(());
+                        }
                     }
                 }
                 Err(e) => {
@@ -214,15 +354,9 @@ impl Relay {
                     return Err(());
                 }
             }
-            if !self
-                .nap(
-                    self.delivery.heartbeat_interval,
-                    &[shutdown, session.lost()],
-                )
-                .await
-            {
+            if !self.nap(next_try, &[shutdown, session.lost()]).await {
                 return if shutdown.is_cancelled() {
-                    Ok(false)
+                    Ok(None)
                 } else {
                     Err(())
                 };
@@ -230,39 +364,42 @@ impl Relay {
         }
     }
 
-    /// Records leadership and waits out the fence when the previous leader did not let go
-    /// cleanly: a Write of its may still be in flight, and none may land after ours.
-    async fn begin_term(&self, stop: &[&CancellationToken]) -> Result<bool, ()> {
-        let (clean, previous) = match self.store.take_leadership(&self.identity).await {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(error = %e, "cannot record leadership");
-                return Err(());
-            }
+    /// Begins a term: waits, before the first Write, until no Write of an earlier leader can
+    /// land (the `not_before` the record holds). Retaking leadership while still the recorded
+    /// holder, with no Write of its own in flight, it waits only for what its last term had to.
+    /// Returns the term, and whether the wait ended (false: stopped first).
+    async fn begin_term(&self, taken: Taken, stop: &[&CancellationToken]) -> (Term, bool) {
+        let carried = locked(&self.terms.carry).take();
+        let (inherited, wait) = match carried {
+            Some(inherited) if taken.previous.as_deref() == Some(self.identity.as_str()) => (
+                inherited,
+                inherited
+                    .and_then(|t| t.duration_since(taken.now).ok())
+                    .unwrap_or_default(),
+            ),
+            _ => (taken.not_before, taken.wait),
         };
+        // Nothing of this term is in flight yet.
+        *locked(&self.terms.carry) = Some(inherited);
         self.metrics.leader.set(1);
-        // Our own earlier term in this process ended when its session was lost, but the pass
-        // that was running finished its Write before we got here: nothing of ours is in flight.
         self.systemd.status("leader: delivering");
-        if clean || previous.as_deref() == Some(self.identity.as_str()) {
+        if wait.is_zero() {
             info!("delivering (leader)");
-            return Ok(true);
+            return (Term { inherited }, true);
         }
-        let fence = self.fga.request_timeout + Duration::from_millis(500);
-        info!(previous = previous.as_deref().unwrap_or("?"), wait = ?fence,
-            "delivering (leader); the previous leader did not let go cleanly, so waiting one \
-             request timeout before the first write");
-        Ok(self.nap(fence, stop).await)
+        info!(previous = taken.previous.as_deref().unwrap_or("?"), wait = ?wait,
+            "delivering (leader); the previous leader did not let go cleanly, so waiting until \
+             no Write of its can land before the first write");
+        let waited = self.nap(wait, stop).await;
+        (Term { inherited }, waited)
     }
 
-    async fn end_term(&self, session: &Session) {
-        match self.store.release_leadership(&self.identity).await {
-            Ok(()) => {
-                if let Err(e) = session.release_lead().await {
-                    debug!(error = %crate::db::describe(&e), "releasing the leadership lock");
-                }
-            }
-            Err(e) => warn!(error = %e, "cannot record a clean release of leadership"),
+    /// Lets go of leadership, with this term's Writes finished: the next leader waits only for
+    /// what this term inherited.
+    async fn end_term(&self, session: &Session, term: &Term) {
+        *locked(&self.terms.carry) = None;
+        if let Err(e) = session.release_lead(term.inherited).await {
+            warn!(error = %crate::db::describe(&e), "cannot record a clean release of leadership");
         }
         self.metrics.leader.set(0);
     }
@@ -270,17 +407,20 @@ impl Relay {
     async fn lead(
         &self,
         session: &Session,
+        taken: Taken,
         deliverer: &mut Deliverer,
         shutdown: &CancellationToken,
     ) -> LeadEnd {
         let stop = [shutdown, session.lost()];
-        match self.begin_term(&stop).await {
-            Ok(true) => {}
-            Ok(false) if shutdown.is_cancelled() => {
-                self.end_term(session).await;
-                return LeadEnd::Shutdown;
+        let (term, waited) = self.begin_term(taken, &stop).await;
+        if !waited {
+            if session.is_lost() {
+                return LeadEnd::Lost;
             }
-            _ => return LeadEnd::Lost,
+            // Stopped while waiting: nothing sent, and the next leader still waits for what we
+            // were waiting for.
+            self.end_term(session, &term).await;
+            return LeadEnd::Shutdown;
         }
         deliverer.forget();
         let mut sweep = tokio::time::interval_at(
@@ -293,7 +433,7 @@ impl Relay {
         let mut spins = 0u32;
         // The previous pass delivered rows.
         let mut busy = false;
-        let keep_going = || !shutdown.is_cancelled() && !session.is_lost();
+        let keep_going = || !shutdown.is_cancelled() && !session.is_lost() && session.lease_valid();
         // The wake lock is still held after a wake-up: it is let go while the pass runs, not
         // before, so that the first claim does not wait for it.
         let mut holding_wake_lock = false;
@@ -302,16 +442,19 @@ impl Relay {
             let notifications_before = self.metrics.notifications.get();
             let pass = if holding_wake_lock {
                 holding_wake_lock = false;
-                let (pass, released) =
-                    tokio::join!(deliverer.pass(&keep_going), session.release_wake_lock());
+                let (pass, released) = tokio::join!(
+                    self.guarded_pass(deliverer, session, &keep_going),
+                    session.release_wake_lock()
+                );
                 if let Err(e) = released {
                     warn!(error = %crate::db::describe(&e), "cannot release the wake lock");
                     break;
                 }
                 pass
             } else {
-                deliverer.pass(&keep_going).await
+                self.guarded_pass(deliverer, session, &keep_going).await
             };
+            let Some(pass) = pass else { break };
             let report = match pass {
                 Ok(r) => {
                     db_failures = 0;
@@ -373,7 +516,7 @@ impl Relay {
                 Ok(false) => {
                     // Writers hold it: they are inserting right now. Drain again shortly.
                     spins += 1;
-                    let wait = Duration::from_micros(500 * u64::from(spins.min(100)));
+                    let wait = WAKE_LOCK_POLL.delay(spins);
                     if !self.nap(wait, &stop).await {
                         break;
                     }
@@ -385,10 +528,11 @@ impl Relay {
                     break;
                 }
             }
-            let last_look = match deliverer.pass(&keep_going).await {
-                Ok(r) => r,
-                Err(e) if self.read_only(&e) => break,
-                Err(e) => {
+            let last_look = match self.guarded_pass(deliverer, session, &keep_going).await {
+                None => break,
+                Some(Ok(r)) => r,
+                Some(Err(e)) if self.read_only(&e) => break,
+                Some(Err(e)) => {
                     warn!(error = %e, "database error while draining");
                     PassReport {
                         wait: Some(DB_BACKOFF.delay(1)),
@@ -409,7 +553,12 @@ impl Relay {
                 trigger = Trigger::Again;
                 continue;
             }
-            let due = last_look.next_due;
+            // Rows another session holds (a relay on its way out, a `drain`) are looked at again
+            // soon: no notification will say when they are let go.
+            let due = match (last_look.locked > 0).then(|| Instant::now() + LOCKED_ROWS_POLL) {
+                Some(soon) => Some(last_look.next_due.map_or(soon, |d| d.min(soon))),
+                None => last_look.next_due,
+            };
             let retry = async {
                 match due {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -443,7 +592,7 @@ impl Relay {
             holding_wake_lock = true;
         }
         if shutdown.is_cancelled() && !session.is_lost() {
-            self.end_term(session).await;
+            self.end_term(session, &term).await;
             return LeadEnd::Shutdown;
         }
         if shutdown.is_cancelled() {
@@ -488,13 +637,13 @@ impl Relay {
 
     /// `fga-relay drain`: delivers every row pending at the start, itself if it can lead,
     /// otherwise by waiting for the relay that leads. Returns how many of those rows are still
-    /// pending at the end (0 is success).
+    /// pending at the end (0 is success). Leadership, if taken, is let go on every way out,
+    /// errors included.
     pub async fn drain(
         &self,
         timeout: Duration,
         shutdown: CancellationToken,
     ) -> Result<i64, crate::store::StoreError> {
-        let deadline = Instant::now() + timeout;
         let timer = CancellationToken::new();
         {
             let timer = timer.clone();
@@ -507,6 +656,31 @@ impl Relay {
             info!("nothing pending");
             return Ok(0);
         };
+        let mut session: Option<Session> = None;
+        let mut term: Option<Term> = None;
+        let result = self
+            .drain_through(target, &shutdown, &timer, &mut session, &mut term)
+            .await;
+        if let (Some(s), Some(term)) = (session.as_ref(), term.as_ref()) {
+            if s.is_lost() {
+                error!("lost the connection while leading");
+            } else {
+                self.end_term(s, term).await;
+            }
+        }
+        result?;
+        self.store.pending_through(target).await
+    }
+
+    /// The loop of [`Relay::drain`]; `term` is set while it leads on `session`.
+    async fn drain_through(
+        &self,
+        target: i64,
+        shutdown: &CancellationToken,
+        timer: &CancellationToken,
+        session: &mut Option<Session>,
+        term: &mut Option<Term>,
+    ) -> Result<(), crate::store::StoreError> {
         let at_start = self.store.pending_through(target).await?;
         info!(
             rows = at_start,
@@ -514,57 +688,62 @@ impl Relay {
             "draining the rows pending now"
         );
         let mut deliverer = self.deliverer();
-        let mut session: Option<Session> = None;
-        let mut leading = false;
         let mut waiting_logged = false;
         loop {
             let left = self.store.pending_through(target).await?;
             if left == 0 {
                 info!(rows = at_start, "drained");
-                break;
+                return Ok(());
             }
-            if Instant::now() >= deadline || shutdown.is_cancelled() {
+            if timer.is_cancelled() || shutdown.is_cancelled() {
                 warn!(left, "rows still pending at the timeout");
-                break;
+                return Ok(());
             }
             if session.as_ref().is_none_or(Session::is_lost) {
-                leading = false;
-                session = Session::connect(
-                    &self.listener_config(),
-                    self.table.oid,
-                    self.session_options(false),
-                )
-                .await
-                .map_err(|e| warn!(error = %crate::db::describe(&e), "cannot connect"))
-                .ok();
+                if let Some(old) = session.take() {
+                    self.abandon(&old);
+                }
+                *term = None;
+                *session = self
+                    .connect(false)
+                    .await
+                    .map_err(|e| warn!(error = %crate::db::describe(&e), "cannot connect"))
+                    .ok();
             }
             let Some(s) = session.as_ref() else {
-                self.nap(Duration::from_millis(200), &[&shutdown, &timer])
+                self.nap(Duration::from_millis(200), &[shutdown, timer])
                     .await;
                 continue;
             };
-            if !leading {
-                leading = s.try_lead().await.unwrap_or(false);
-                if leading {
-                    match self.begin_term(&[&shutdown, &timer, s.lost()]).await {
-                        Ok(true) => deliverer.forget(),
-                        _ => {
-                            leading = false;
+            if term.is_none() {
+                match s.try_lead().await.ok().flatten() {
+                    Some(taken) => {
+                        let (t, waited) =
+                            self.begin_term(taken, &[shutdown, timer, s.lost()]).await;
+                        *term = Some(t);
+                        if !waited {
                             continue;
                         }
+                        deliverer.forget();
                     }
-                } else {
-                    if !waiting_logged {
-                        info!("another relay is delivering; waiting for it");
-                        waiting_logged = true;
+                    None => {
+                        if !waiting_logged {
+                            info!("another relay is delivering; waiting for it");
+                            waiting_logged = true;
+                        }
+                        self.nap(Duration::from_millis(100), &[shutdown, timer])
+                            .await;
+                        continue;
                     }
-                    self.nap(Duration::from_millis(100), &[&shutdown, &timer])
-                        .await;
-                    continue;
                 }
             }
-            let keep_going = || !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost();
-            let report = deliverer.pass(&keep_going).await?;
+            let keep_going = || {
+                !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost() && s.lease_valid()
+            };
+            let Some(report) = self.guarded_pass(&mut deliverer, s, &keep_going).await else {
+                continue;
+            };
+            let report = report?;
             self.account(Trigger::Again, &report);
             let wait = report.wait.or_else(|| {
                 (!report.did_work()).then(|| {
@@ -575,17 +754,8 @@ impl Relay {
                 })
             });
             if let Some(w) = wait {
-                self.nap(w, &[&shutdown, &timer]).await;
+                self.nap(w, &[shutdown, timer]).await;
             }
         }
-        let left = self.store.pending_through(target).await?;
-        if leading && let Some(s) = session.as_ref() {
-            if s.is_lost() {
-                error!("lost the connection while leading");
-            } else {
-                self.end_term(s).await;
-            }
-        }
-        Ok(left)
     }
 }

@@ -22,6 +22,11 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../sql/schema/0003_leader.sql"),
     ),
     (
+        "0004_lease.sql",
+        include_str!("../sql/schema/0004_lease.sql"),
+    ),
+    ("0005_wait.sql", include_str!("../sql/schema/0005_wait.sql")),
+    (
         "0006_claim_index.sql",
         include_str!("../sql/schema/0006_claim_index.sql"),
     ),
@@ -163,5 +168,6 @@ mod tests {
         assert!(sql.contains("pg_notify('acl_outbox', '')"));
         assert!(sql.contains("acl_outbox_leader"));
         assert!(sql.contains("acl_outbox_claim_idx"));
+        assert!(sql.contains("FUNCTION acl_outbox_wait(ids bigint[]"));
     }
 }

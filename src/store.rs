@@ -49,8 +49,6 @@ struct Queries {
     prune: String,
     pending_through: String,
     max_pending: String,
-    take_leadership: String,
-    release_leadership: String,
 }
 
 /// The outbox, through the pool.
@@ -77,8 +75,6 @@ impl Store {
             prune: r(include_str!("../sql/queries/prune.sql")),
             pending_through: r(include_str!("../sql/queries/pending_through.sql")),
             max_pending: r(include_str!("../sql/queries/max_pending.sql")),
-            take_leadership: r(include_str!("../sql/queries/take_leadership.sql")),
-            release_leadership: r(include_str!("../sql/queries/release_leadership.sql")),
         };
         Store {
             pool,
@@ -202,6 +198,13 @@ impl Store {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<Vec<(i64, Option<String>)>, tokio_postgres::Error>>()?;
         out.sort_by_key(|(id, _)| *id);
+        if !out.is_empty() {
+            // Wake the relay: rows made pending by an UPDATE fire no insert trigger, and would
+            // otherwise wait for the sweep.
+            client
+                .execute("SELECT pg_notify($1, '')", &[&self.table.as_str()])
+                .await?;
+        }
         Ok(out)
     }
 
@@ -225,36 +228,6 @@ impl Store {
             .query_one(&self.q.pending_through, &[&id])
             .await?
             .try_get(0)?)
-    }
-
-    /// Records this relay as the one delivering; returns whether the previous one let go
-    /// cleanly, and who it was.
-    ///
-    /// Committed durably (the relay's sessions otherwise commit asynchronously): if PostgreSQL
-    /// crashed and forgot this record, the next leader would take an older clean release for
-    /// this term's and skip the wait for Writes still in flight.
-    pub async fn take_leadership(
-        &self,
-        holder: &str,
-    ) -> Result<(bool, Option<String>), StoreError> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        tx.batch_execute("SET LOCAL synchronous_commit = on")
-            .await?;
-        let row = tx.query_one(&self.q.take_leadership, &[&holder]).await?;
-        tx.commit().await?;
-        Ok((row.try_get(0)?, row.try_get(1)?))
-    }
-
-    /// Records that this relay let go cleanly, with nothing in flight (durably, as above).
-    pub async fn release_leadership(&self, holder: &str) -> Result<(), StoreError> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        tx.batch_execute("SET LOCAL synchronous_commit = on")
-            .await?;
-        tx.execute(&self.q.release_leadership, &[&holder]).await?;
-        tx.commit().await?;
-        Ok(())
     }
 }
 

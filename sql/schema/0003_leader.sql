@@ -1,10 +1,10 @@
 -- fga-relay schema, part 3: the record of which relay delivers.
 --
 -- One relay at a time delivers (the one holding a session advisory lock); the others wait as
--- hot standbys. This one-row table says whether the previous holder let go cleanly. When it did
--- not (killed, or its connection lost while a Write may still be in flight), the next holder waits
--- one request timeout before its first Write, so that a Write still travelling from the old holder
--- can never land after a newer operation on the same tuple.
+-- hot standbys. This one-row table says who holds leadership and whether the previous holder let
+-- go cleanly; part 4 (0004_lease.sql) adds the lease and when a new holder may send its first
+-- Write, so that a Write still travelling from an old holder can never land after a newer
+-- operation on the same tuple.
 
 CREATE TABLE IF NOT EXISTS fga_outbox_leader (
     singleton   boolean     PRIMARY KEY DEFAULT true CHECK (singleton),

@@ -89,13 +89,15 @@ pub(super) async fn build_relay(
         max_tuples_per_write = fga.max_tuples_per_write,
         sweep_interval = ?delivery.sweep_interval,
         heartbeat_interval = ?delivery.heartbeat_interval,
+        leader_lease = ?delivery.leader_lease,
         max_attempts = delivery.max_attempts,
         batch_size = delivery.batch_size,
         max_in_flight = delivery.max_in_flight,
         version = env!("CARGO_PKG_VERSION"),
         "fga-relay starting"
     );
-    let pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
+    let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
+    pg.idle_in_transaction = Some(crate::db::claim_idle_limit(fga.request_timeout));
     // A connection for each Write in flight (it holds its rows' locks until the answer), and a
     // few for bookkeeping, the metrics endpoint and `drain`'s counts.
     let store = Store::new(
@@ -131,6 +133,7 @@ pub(super) async fn build_relay(
         table,
         identity: crate::relay::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
+        terms: Default::default(),
     };
     Ok((relay, registry))
 }

@@ -1,8 +1,9 @@
-//! How the delivery loop behaves: sweep and heartbeat intervals, attempts, batch size.
+//! How the delivery loop behaves: sweep and heartbeat intervals, the leader's lease, attempts,
+//! batch size.
 
 use super::{
-    DEFAULT_BATCH_SIZE, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_SWEEP_INTERVAL, or_default,
+    DEFAULT_BATCH_SIZE, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEADER_LEASE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_SWEEP_INTERVAL, or_default,
 };
 use crate::config::{self, ConfigError, DeliverySettings};
 use clap::Args;
@@ -16,6 +17,11 @@ pub struct DeliveryArgs {
     /// Check the dedicated connection this often; a silent connection is dead after two.
     #[arg(long, env = "FGA_RELAY_HEARTBEAT_INTERVAL", default_value = DEFAULT_HEARTBEAT_INTERVAL)]
     pub heartbeat_interval: String,
+    /// How long leadership lasts unrenewed (renewed every heartbeat): past it, the session
+    /// holding it is ended by another relay. At least three heartbeats, longer than the request
+    /// timeout.
+    #[arg(long, env = "FGA_RELAY_LEADER_LEASE", default_value = DEFAULT_LEADER_LEASE)]
+    pub leader_lease: String,
     /// Attempts, while other rows are delivered, after which a row failing transiently is
     /// dead-lettered.
     #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = DEFAULT_MAX_ATTEMPTS)]
@@ -39,6 +45,10 @@ impl DeliveryArgs {
             heartbeat_interval: config::parse_positive_duration(
                 "--heartbeat-interval (FGA_RELAY_HEARTBEAT_INTERVAL)",
                 or_default(&self.heartbeat_interval, DEFAULT_HEARTBEAT_INTERVAL),
+            )?,
+            leader_lease: config::parse_positive_duration(
+                "--leader-lease (FGA_RELAY_LEADER_LEASE)",
+                or_default(&self.leader_lease, DEFAULT_LEADER_LEASE),
             )?,
             max_attempts: config::parse_count(
                 "--max-attempts (FGA_RELAY_MAX_ATTEMPTS)",

@@ -22,6 +22,7 @@ const DEFAULT_REQUEST_TIMEOUT: &str = "10s";
 const DEFAULT_MAX_TUPLES: &str = "100";
 const DEFAULT_SWEEP_INTERVAL: &str = "30s";
 const DEFAULT_HEARTBEAT_INTERVAL: &str = "5s";
+const DEFAULT_LEADER_LEASE: &str = "15s";
 const DEFAULT_MAX_ATTEMPTS: &str = "10";
 const DEFAULT_BATCH_SIZE: &str = "500";
 const DEFAULT_MAX_IN_FLIGHT: &str = "16";

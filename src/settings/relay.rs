@@ -16,12 +16,15 @@ pub struct RelayArgs {
 }
 
 impl RelayArgs {
-    /// The three settings, checked in that order.
+    /// The three settings, checked in that order, then the timings that must hold together
+    /// (heartbeat, lease, request timeout).
     pub fn settings(&self) -> Result<(DbSettings, FgaSettings, DeliverySettings), ConfigError> {
-        Ok((
+        let (db, fga, delivery) = (
             self.db.settings()?,
             self.fga.settings()?,
             self.delivery.settings()?,
-        ))
+        );
+        delivery.check_timing(fga.request_timeout)?;
+        Ok((db, fga, delivery))
     }
 }

@@ -26,10 +26,12 @@ impl Env {
     }
 
     pub async fn with_fga(fga: FakeFga) -> Env {
-        let env = Env {
-            db: TestDb::start(),
-            fga,
-        };
+        Env::with(TestDb::start(), fga).await
+    }
+
+    /// This database, migrated, and this stand-in.
+    pub async fn with(db: TestDb, fga: FakeFga) -> Env {
+        let env = Env { db, fga };
         let out = env.command(&["migrate"]).output().expect("run migrate");
         assert_success(&out, "fga-relay migrate");
         env
@@ -45,6 +47,9 @@ impl Env {
             ("FGA_STORE_ID", super::fga::STORE_ID.to_owned()),
             ("FGA_RELAY_SWEEP_INTERVAL", "1h".to_owned()),
             ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s".to_owned()),
+            // A short lease, so that a new leader after a crash waits seconds, not half a
+            // minute, for the dead one's Writes ("not before": lease + request timeout + 1 s).
+            ("FGA_RELAY_LEADER_LEASE", "4s".to_owned()),
             ("FGA_RELAY_REQUEST_TIMEOUT", "2s".to_owned()),
             ("FGA_RELAY_HTTP_ADDR", "off".to_owned()),
             ("RUST_LOG", "info,fga_relay=debug".to_owned()),

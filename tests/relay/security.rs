@@ -850,6 +850,34 @@ async fn the_writer_role_inserts_and_nothing_more() {
     .await;
 }
 
+/// The writer waits for its own row with `fga_outbox_wait`, which needs no more than the writer
+/// role: EXECUTE on it, and the row's id from `lastval()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_role_waits_for_its_rows() {
+    let env = roles_env().await;
+    let _relay = env.start_relay().await;
+    let app = connect_as(&env, "app").await;
+    app.execute("INSERT INTO fga_outbox (payload) VALUES ($1)", &[&a_row(1)])
+        .await
+        .unwrap();
+    let id: i64 = app.query_one("SELECT lastval()", &[]).await.unwrap().get(0);
+    let answer = crate::wait::wait_for(&app, &[id], "10s").await.unwrap();
+    assert_eq!(answer, "delivered");
+    assert!(env.fga.has("user:anne", "viewer", "document:1"));
+    // Not granted to everyone: a role outside fga_outbox_writer may not call it.
+    let owner = env.db.connect().await;
+    owner
+        .batch_execute("CREATE ROLE other LOGIN")
+        .await
+        .unwrap();
+    all_denied(
+        &connect_as(&env, "other").await,
+        "a role that is not a writer",
+        &["SELECT fga_outbox_wait('{1}', '0s')"],
+    )
+    .await;
+}
+
 /// The relay's login runs the real `run`, `drain`, `status` and `retry`, and delivers; it
 /// cannot delete (so `prune` fails), change a payload, or alter the schema (so `migrate` fails).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

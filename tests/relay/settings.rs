@@ -9,6 +9,49 @@ fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The heartbeat, the lease and the request timeout must make the fence sound together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timings_that_cannot_make_the_fence_sound_exit_2_naming_them() {
+    let env = Env::start().await;
+    for (vars, named) in [
+        (
+            [
+                ("FGA_RELAY_HEARTBEAT_INTERVAL", "10s"),
+                ("FGA_RELAY_LEADER_LEASE", "15s"),
+            ],
+            ["FGA_RELAY_HEARTBEAT_INTERVAL", "FGA_RELAY_LEADER_LEASE"],
+        ),
+        (
+            [
+                ("FGA_RELAY_REQUEST_TIMEOUT", "20s"),
+                ("FGA_RELAY_LEADER_LEASE", "15s"),
+            ],
+            ["FGA_RELAY_REQUEST_TIMEOUT", "FGA_RELAY_LEADER_LEASE"],
+        ),
+    ] {
+        for command in ["run", "drain"] {
+            let mut c = env.command(&[command]);
+            c.envs(vars)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped());
+            let mut child = c.spawn().unwrap();
+            // A relay that accepted these timings would run on: stop it and fail.
+            let deadline = std::time::Instant::now() + crate::common::pg::PROMPTLY;
+            while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            let err = stderr_of(&out);
+            assert_eq!(out.status.code(), Some(2), "{command} {vars:?}: {err}");
+            for n in named {
+                assert!(err.contains(n), "{command} {vars:?} names {n}: {err}");
+            }
+            assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_settings_exit_2_naming_the_setting() {
     let env = Env::start().await;

@@ -1,0 +1,156 @@
+-- fga-relay schema, part 5: read your own writes.
+--
+--     SELECT fga_outbox_wait(ARRAY[42, 43], interval '5 seconds');
+--
+-- Called after COMMIT with the ids `INSERT ... RETURNING id` gave, it returns
+--   'delivered'                 once OpenFGA has accepted every tuple of every listed row,
+--   'dead: row 42: <last_error>' as soon as one of them is dead (the relay gave up on it),
+--   'pending'                   when the timeout passes first: the rows are still pending and
+--                               the relay will deliver them; nothing is lost.
+-- It raises an error for an id with no row, and when called where it could never see the relay's
+-- work: inside a REPEATABLE READ or SERIALIZABLE transaction (its snapshot is fixed), or inside a
+-- transaction that has written (the rows it inserted cannot be delivered before it commits).
+--
+-- How it waits. Each look is one statement, so under READ COMMITTED it sees every commit made
+-- before it. Between looks:
+-- - While a listed row is locked by a running transaction (the relay claims rows FOR UPDATE for
+--   the time of their Write and marks them in the same transaction), it queues for that row lock
+--   with FOR KEY SHARE, so it wakes the moment the relay commits. The lock it then gets is
+--   dropped at once by rolling back the block that took it: the relay never finds it in its way
+--   (its claim skips locked rows), and a writer's INSERT never conflicts with it. Taking that
+--   lock gives the call a transaction id, so its commit writes (and flushes) a commit record.
+--   A row still pending after the relay's commit was held back: it sleeps before queueing again.
+-- - While no one holds them (not yet claimed, or the relay is down, behind or backing off), and
+--   in a read-only transaction (a hot standby), which cannot lock rows, it sleeps 1 ms, doubling
+--   up to 256 ms: a relay that is up claims a new row within a millisecond or two, and a wait
+--   that lasts costs about 4 looks a second (a look costs 0.1-0.3 ms of CPU). In a backlog, it
+--   may notice its rows up to 256 ms after the relay marked them.
+-- Every look runs in a block that is rolled back, which also releases the table lock that the
+-- look took: a wait holds no lock while it sleeps, so DDL on the table (`fga-relay migrate`), and
+-- the writers queued behind it, are not held up by waiters.
+--
+-- SECURITY DEFINER: it runs as the table's owner, so that a writer needs only EXECUTE on it (and
+-- the ids), not SELECT on the table nor the UPDATE privilege row locks ask for. What it tells a
+-- caller is the state of the rows it names and the last error of a dead one. The search path is
+-- fixed to the table's schema, with pg_temp last, so that a caller cannot substitute objects.
+
+CREATE OR REPLACE FUNCTION fga_outbox_wait(ids bigint[], timeout interval DEFAULT interval '10 seconds')
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- The lock_timeout set for each look stays inside the function.
+SET lock_timeout = 0
+AS $$
+DECLARE
+    deadline   timestamptz := clock_timestamp() + greatest(timeout, interval '0');
+    wanted     bigint[];
+    -- The 64-bit form of a 32-bit transaction id (xmax) is found near this one.
+    ref        bigint := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
+    -- Row locks need a read-write transaction.
+    lock_wait  boolean := current_setting('transaction_read_only') = 'off';
+    first_nap  constant float8 := 0.001;
+    max_nap    constant float8 := 0.256;
+    nap        float8 := first_nap;
+    first      boolean := true;
+    looked     boolean;
+    waiting    boolean := false;
+    waited     boolean := false;
+    found_n    bigint;
+    pending_n  bigint;
+    locked     bigint[];
+    dead       text;
+BEGIN
+    IF ids IS NULL OR timeout IS NULL OR array_position(ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'fga_outbox_wait: ids and timeout must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'fga_outbox_wait cannot see the relay''s work inside a % transaction',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'invalid_transaction_state',
+                  DETAIL = 'Its snapshot is fixed at its first statement: the rows would look pending until the timeout.',
+                  HINT = 'Call it after COMMIT, in autocommit or in a READ COMMITTED transaction.';
+    END IF;
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'fga_outbox_wait must be called after COMMIT: this transaction has written'
+            USING ERRCODE = 'active_sql_transaction',
+                  DETAIL = 'Rows it inserted cannot be delivered before it commits, and waiting would hold its locks.',
+                  HINT = 'COMMIT first, then call fga_outbox_wait with the ids INSERT ... RETURNING id gave.';
+    END IF;
+    wanted := ARRAY(SELECT DISTINCT unnest(ids));
+
+    LOOP
+        looked := false;
+        waiting := false;
+        BEGIN
+            PERFORM set_config('lock_timeout',
+                greatest(1, ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000))::text
+                    || 'ms', true);
+            SELECT count(*),
+                   count(*) FILTER (WHERE processed_at IS NULL AND failed_at IS NULL),
+                   -- Pending rows locked by a transaction running when this look began.
+                   array_agg(id) FILTER (
+                       WHERE processed_at IS NULL AND failed_at IS NULL AND xmax <> '0'::xid
+                         AND NOT pg_visible_in_snapshot(greatest(3, ref - 2147483648
+                               + ((xmax::text::bigint - ref) % 4294967296 + 6442450944)
+                                 % 4294967296)::text::xid8,
+                             pg_current_snapshot())),
+                   min(format('dead: row %s: %s', id, coalesce(last_error, 'no error recorded')))
+                       FILTER (WHERE processed_at IS NULL AND failed_at IS NOT NULL)
+              INTO found_n, pending_n, locked, dead
+              FROM fga_outbox
+             WHERE id = ANY (wanted);
+            looked := true;
+            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT waited THEN
+                -- Queue behind the transaction that holds them: the relay's delivery.
+                waiting := true;
+                PERFORM 1 FROM fga_outbox WHERE id = ANY (locked) FOR KEY SHARE;
+            END IF;
+            RAISE SQLSTATE 'FW000';
+        EXCEPTION
+            WHEN SQLSTATE 'FW000' OR lock_not_available THEN
+                NULL;
+        END;
+
+        IF looked THEN
+            IF first AND found_n < cardinality(wanted) THEN
+                RAISE EXCEPTION 'fga_outbox has no row with id %',
+                    (SELECT min(w) FROM unnest(wanted) w
+                      WHERE NOT EXISTS (SELECT FROM fga_outbox WHERE id = w))
+                    USING ERRCODE = 'no_data_found',
+                          HINT = 'Pass the ids INSERT ... RETURNING id gave, after their transaction committed.';
+            END IF;
+            first := false;
+            IF dead IS NOT NULL THEN
+                RETURN dead;
+            END IF;
+            IF pending_n = 0 THEN
+                RETURN 'delivered';
+            END IF;
+        END IF;
+        IF clock_timestamp() >= deadline THEN
+            RETURN 'pending';
+        END IF;
+        -- Woken by the relay's commit: look again at once. Rows still pending then were held,
+        -- not sent (a relay backing off claims them in every pass): sleep before the next lock.
+        waited := waiting;
+        IF NOT waited THEN
+            PERFORM pg_sleep(least(nap, extract(epoch FROM deadline - clock_timestamp())));
+            nap := least(nap * 2, max_nap);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Run by writers as the table's owner: only those granted EXECUTE (sql/roles.sql grants it to
+-- fga_outbox_writer), with the search path fixed to the table's schema and pg_temp last.
+REVOKE EXECUTE ON FUNCTION fga_outbox_wait(bigint[], interval) FROM PUBLIC;
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION fga_outbox_wait(bigint[], interval) SET search_path = %I, pg_temp',
+                   (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE c.oid = 'fga_outbox'::regclass));
+END
+$$;
+
+COMMENT ON FUNCTION fga_outbox_wait(bigint[], interval) IS
+    'fga-relay: waits until the listed outbox rows are delivered; returns delivered, dead: row N: <last_error>, or pending (timeout)';

@@ -1,0 +1,651 @@
+//! Leadership and connections that heal themselves: a leader that is alive to PostgreSQL but
+//! does nothing (every connection frozen, or the process stopped) is replaced within the lease;
+//! a stopped leader that is continued sends nothing; every new leader waits until no Write of an
+//! earlier one can land, however the earlier one let go; server-side timeouts meant for
+//! applications do not break delivery; small liveness gaps (a writer's long transaction, rows
+//! another session holds, `retry`, `drain` failing) do not stall or spin.
+
+use crate::common::fga::{FakeFga, Fault, FaultRule, Op};
+use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
+use crate::common::proxy::FreezingProxy;
+use crate::common::relay::{
+    Env, RelayProc, accepted_writes, deletes, insert_with, tk, wait_until, writes,
+};
+use std::time::{Duration, Instant};
+
+/// The issue's acceptance deadline for delivery after a leader stops working.
+const RECOVERY: Duration = Duration::from_secs(30);
+
+/// A cluster of our own that also listens on 127.0.0.1 (so that a proxy can sit in front).
+fn tcp_db(settings: &[(&str, &str)]) -> TestDb {
+    TestDb::start_with(PgOptions {
+        tcp: true,
+        hba: vec![
+            "local all all trust".to_owned(),
+            "host all all 127.0.0.1/32 trust".to_owned(),
+        ],
+        settings: settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..PgOptions::default()
+    })
+}
+
+fn tcp_url(port: u16) -> String {
+    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=disable")
+}
+
+async fn proxy_for(env: &Env) -> FreezingProxy {
+    let port = env.db.tcp_port().expect("the cluster listens on TCP");
+    FreezingProxy::start(([127, 0, 0, 1], port).into()).await
+}
+
+/// Ends every session whose `application_name` is `name`, as an administrator would.
+async fn end_sessions(env: &Env, name: &str) {
+    env.db
+        .connect()
+        .await
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until OpenFGA has received at least `n` Writes, whatever became of them.
+async fn wait_for_writes(fga: &FakeFga, n: usize, what: &str) {
+    wait_until(PROMPTLY, what, || {
+        let got = fga.write_count();
+        async move { got >= n }
+    })
+    .await;
+}
+
+/// Asserts that the relay given preshared key `key` sent no Write received after `since`.
+fn assert_sent_nothing_after(fga: &FakeFga, key: &str, since: Instant) {
+    let late: Vec<_> = writes_by(fga, key)
+        .into_iter()
+        .filter(|w| w.received_at > since)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the replaced leader sent {} Write(s) after it was stopped: {:?}",
+        late.len(),
+        late.iter().map(|w| &w.body).collect::<Vec<_>>()
+    );
+}
+
+/// Waits until the relay given preshared key `key` has sent `n` Writes, then stops it (SIGSTOP).
+async fn stop_after_writes(fga: &FakeFga, relay: &RelayProc, key: &str, n: usize) {
+    wait_until(PROMPTLY, "the leader is in the middle of the page", || {
+        let sent = writes_by(fga, key).len();
+        async move { sent >= n }
+    })
+    .await;
+    relay.signal(libc::SIGSTOP);
+}
+
+/// The Writes a relay sent, told apart by the preshared key it was given.
+fn writes_by(fga: &FakeFga, key: &str) -> Vec<crate::common::fga::WriteRecord> {
+    let bearer = format!("Bearer {key}");
+    fga.writes()
+        .into_iter()
+        .filter(|w| w.authorization.as_deref() == Some(bearer.as_str()))
+        .collect()
+}
+
+/// Every connection of a lone relay freezes (bytes stop both ways, nothing is closed): the
+/// relay notices, ends its old session (which still holds leadership on the server), leads
+/// again and delivers rows inserted after the freeze within 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_relay_whose_connections_all_freeze_delivers_again_within_30s() {
+    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let relay = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_RELAY_LEADER_LEASE", "15s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    let before = env
+        .insert(writes(&[tk("user:before", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(before).await;
+    let frozen = proxy.freeze_open_connections();
+    assert!(frozen >= 2, "the LISTEN connection and a pooled one");
+    let t0 = Instant::now();
+    let after = env
+        .insert(writes(&[tk("user:after", "viewer", "document:2")]))
+        .await;
+    wait_until(
+        RECOVERY,
+        "a row inserted after the freeze is delivered",
+        || async { env.row(after).await.delivered },
+    )
+    .await;
+    println!("delivered {:?} after every connection froze", t0.elapsed());
+    assert!(env.fga.has("user:after", "viewer", "document:2"));
+}
+
+/// A leader stopped with SIGSTOP (its kernel keeps the TCP sessions, so PostgreSQL sees nothing
+/// wrong) in the middle of a page, with one standby: the standby ends the stopped leader's
+/// session once its lease has run out and delivers rows inserted after the stop within 30 s.
+/// Continued, the old leader sends no Write at all. With `freeze`, the old leader's database
+/// connections also go silent, so that on waking it cannot even see that it was replaced: only
+/// its own clock can stop it.
+async fn stopped_leader(freeze: bool) {
+    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let slow = 1_000_000;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(200)),
+        slow,
+    ));
+    let old = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_RELAY_LEADER_LEASE", "15s"),
+        ("FGA_API_TOKEN", "old-leader"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ]);
+    old.wait_for_log("delivering (leader)").await;
+    let standby = env.spawn_relay(&[
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "5s"),
+        ("FGA_RELAY_LEADER_LEASE", "15s"),
+        ("FGA_API_TOKEN", "standby"),
+    ]);
+    standby.wait_for_log("standing by").await;
+    let client = env.db.connect().await;
+    let mut page = Vec::new();
+    for i in 0..30 {
+        page.push(
+            insert_with(
+                &client,
+                writes(&[tk(&format!("user:p{i}"), "viewer", "document:p")]),
+            )
+            .await,
+        );
+    }
+    stop_after_writes(&env.fga, &old, "old-leader", 3).await;
+    if freeze {
+        proxy.freeze_open_connections();
+    }
+    let t0 = Instant::now();
+    env.fga.clear_faults();
+    let after = insert_with(&client, writes(&[tk("user:after", "viewer", "document:a")])).await;
+    wait_until(
+        RECOVERY,
+        "a row inserted after the leader stopped is delivered",
+        || async { env.row(after).await.delivered },
+    )
+    .await;
+    println!("delivered {:?} after the leader stopped", t0.elapsed());
+    wait_until(
+        PROMPTLY,
+        "the stopped leader's page is delivered",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    old.signal(libc::SIGCONT);
+    old.wait_for_log("standing by").await;
+    let last = env
+        .insert(writes(&[tk("user:last", "viewer", "document:a")]))
+        .await;
+    env.wait_delivered(last).await;
+    assert_sent_nothing_after(&env.fga, "old-leader", t0);
+    for id in page {
+        assert!(env.row(id).await.delivered);
+    }
+    drop(standby);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_is_replaced_within_30s_and_sends_nothing_once_continued() {
+    stopped_leader(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_cut_off_from_postgres_sends_nothing_once_continued() {
+    stopped_leader(true).await;
+}
+
+/// Short timings, so that the fence (request timeout + 1 s after the end of the lease) is a few
+/// seconds, and a Write that OpenFGA applies late (`LATE`, within the request timeout) lands well
+/// after a standby could take over without it.
+const FENCE_VARS: [(&str, &str); 3] = [
+    ("FGA_RELAY_REQUEST_TIMEOUT", "4s"),
+    ("FGA_RELAY_LEADER_LEASE", "5s"),
+    ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+];
+const LATE: Duration = Duration::from_millis(3800);
+
+/// What happens to the next leader between the old leader's death and its first Write.
+#[derive(Clone, Copy, PartialEq)]
+enum Meanwhile {
+    Nothing,
+    /// The next leader gets SIGTERM while it waits; a third relay takes over.
+    Sigterm,
+    /// The next leader's LISTEN session is ended while it waits; it takes leadership again.
+    SessionLost,
+}
+
+/// The stand-in applies the leader's Write of a tuple late; the leader is killed meanwhile,
+/// and a later row deletes that tuple. Whoever delivers the delete must send it after the late
+/// write landed: OpenFGA ends without the tuple.
+async fn late_write_then(meanwhile: Meanwhile) {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::once(Fault::Delay(LATE)));
+    let mut old = env.spawn_relay(&FENCE_VARS);
+    old.wait_for_log("delivering (leader)").await;
+    let mut next: Vec<RelayProc> = (0..if meanwhile == Meanwhile::Sigterm {
+        2
+    } else {
+        1
+    })
+        .map(|_| env.spawn_relay(&FENCE_VARS))
+        .collect();
+    for r in &next {
+        r.wait_for_log("standing by").await;
+    }
+    let client = env.db.connect().await;
+    insert_with(&client, writes(&[tk("user:late", "viewer", "document:f")])).await;
+    wait_for_writes(&env.fga, 1, "OpenFGA received the Write").await;
+    old.kill9();
+    let delete = insert_with(&client, deletes(&[tk("user:late", "viewer", "document:f")])).await;
+    match meanwhile {
+        Meanwhile::Nothing => {}
+        Meanwhile::Sigterm => {
+            let mut waiting = None;
+            wait_until(PROMPTLY, "a standby takes over and waits", || {
+                waiting = next
+                    .iter()
+                    .position(|r| r.logs().contains("did not let go cleanly"));
+                let found = waiting.is_some();
+                async move { found }
+            })
+            .await;
+            let mut stopped = next.remove(waiting.unwrap());
+            stopped.term();
+            stopped.wait_exit(PROMPTLY).await;
+        }
+        Meanwhile::SessionLost => {
+            next[0].wait_for_log("did not let go cleanly").await;
+            end_sessions(&env, "fga-relay run listener").await;
+            next[0].wait_for_log("LISTEN connection reconnected").await;
+        }
+    }
+    wait_until(
+        Duration::from_secs(60),
+        "the delete is delivered",
+        || async { env.row(delete).await.delivered },
+    )
+    .await;
+    // The late Write lands LATE after it was received, whether anyone waits for it or not.
+    let received = env.fga.writes()[0].received_at;
+    wait_until(PROMPTLY, "the late Write has landed", || async {
+        Instant::now() > received + LATE + Duration::from_millis(200)
+    })
+    .await;
+    let changes: Vec<Op> = env
+        .fga
+        .changelog()
+        .into_iter()
+        .filter(|c| c.user == "user:late")
+        .map(|c| c.op)
+        .collect();
+    assert_eq!(
+        changes,
+        [Op::Write, Op::Delete],
+        "the delete must be applied after the late write"
+    );
+    assert!(!env.fga.has("user:late", "viewer", "document:f"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_applied_late_lands_before_the_next_leaders_operation_on_its_tuple() {
+    late_write_then(Meanwhile::Nothing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_leader_stopped_while_it_waits_leaves_the_wait_to_the_one_after() {
+    late_write_then(Meanwhile::Sigterm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_leader_that_loses_its_session_while_it_waits_still_waits() {
+    late_write_then(Meanwhile::SessionLost).await;
+}
+
+/// A server whose `idle_in_transaction_session_timeout` and `statement_timeout` are 1 s, and an
+/// OpenFGA that takes 1.5 s per Write: the page's claim transaction stays open across three
+/// such Writes, and each row is sent exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_timeouts_of_one_second_do_not_make_a_slow_page_be_sent_again() {
+    let db = TestDb::start_with(PgOptions {
+        settings: vec![
+            ("idle_in_transaction_session_timeout".into(), "1s".into()),
+            ("statement_timeout".into(), "1s".into()),
+        ],
+        ..PgOptions::default()
+    });
+    let env = Env::with(db, FakeFga::start()).await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(1500)),
+        3,
+    ));
+    let client = env.db.connect().await;
+    for i in 0..3 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:s{i}"), "viewer", "document:s")]),
+        )
+        .await;
+    }
+    let _relay = env.spawn_relay(&[("FGA_MAX_TUPLES_PER_WRITE", "1")]);
+    wait_until(
+        Duration::from_secs(30),
+        "every row is delivered",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    let sent = accepted_writes(&env.fga).len();
+    assert_eq!(sent, 3, "each row is sent once, none again");
+}
+
+/// How many statements the relay's sessions ran, from pg_stat_statements (the test's own
+/// statements mention pg_stat_statements and are left out).
+async fn relay_statements(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE query NOT LIKE '%pg_stat_statements%' \
+               AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A writer's transaction that inserted into the outbox holds the wake lock (shared) for as
+/// long as it stays open: the relay looks again every 1–2 s meanwhile, not every few
+/// milliseconds, and runs at most 5 statements a second. The row is delivered once the
+/// transaction commits. (`FGA_RELAY_TEST_WRITER_WINDOW=60` measures a whole minute from the
+/// writer's insert on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_writer_transaction_does_not_make_the_relay_spin() {
+    let window: u64 = std::env::var("FGA_RELAY_TEST_WRITER_WINDOW")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let db = TestDb::start_with(PgOptions {
+        settings: vec![(
+            "shared_preload_libraries".into(),
+            "pg_stat_statements".into(),
+        )],
+        ..PgOptions::default()
+    });
+    let env = Env::with(db, FakeFga::start()).await;
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .unwrap();
+    let _relay = env.start_relay().await;
+    // The writer inserts while the relay is busy (its Write is slow), so that the writer takes
+    // the wake lock shared and skips NOTIFY, and keeps it while its transaction stays open.
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(Duration::from_secs(1))));
+    let first = env
+        .insert(writes(&[tk("user:first", "viewer", "document:w")]))
+        .await;
+    wait_for_writes(&env.fga, 1, "the relay is busy").await;
+    let writer = env.db.connect().await;
+    writer.batch_execute("BEGIN").await.unwrap();
+    let id = insert_with(&writer, writes(&[tk("user:long", "viewer", "document:w")])).await;
+    let shared: i64 = writer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = 1718051121 AND mode = 'ShareLock' AND pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shared, 1, "the writer holds the wake lock shared");
+    env.wait_delivered(first).await;
+    // The relay backs off over its first few seconds of looking; a shorter window than the
+    // 60 s one measures the rate it settles at.
+    if window < 60 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let before = relay_statements(&admin).await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(window)).await;
+    let ran = relay_statements(&admin).await - before;
+    let rate = ran as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "{ran} statements in {:?} with a writer's transaction open: {rate:.2}/s",
+        started.elapsed()
+    );
+    writer.batch_execute("COMMIT").await.unwrap();
+    env.wait_delivered(id).await;
+    assert!(rate <= 5.0, "{rate:.2} statements/s");
+}
+
+/// `fga-relay retry` wakes the relay: the row it sends back is delivered at once, not at the
+/// next sweep (an hour away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_wakes_the_relay() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::once(Fault::status(
+        400,
+        "validation_error",
+        "refused once",
+    )));
+    let relay = env.start_relay().await;
+    let id = env
+        .insert(writes(&[tk("user:retried", "viewer", "document:r")]))
+        .await;
+    wait_until(PROMPTLY, "the row is dead", || async {
+        env.row(id).await.dead
+    })
+    .await;
+    relay.wait_for_log("row dead-lettered").await;
+    let out = env.command(&["retry", "--dead"]).output().unwrap();
+    crate::common::relay::assert_success(&out, "retry");
+    env.wait_delivered(id).await;
+}
+
+/// A row another session holds when the relay passes over it is looked at again soon: no
+/// notification says when it is let go, and it must not wait for the sweep (an hour away here),
+/// nor be counted as found by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_another_session_held_is_delivered_without_the_sweep() {
+    let env = Env::start().await;
+    let id = env
+        .insert(writes(&[tk("user:held", "viewer", "document:h")]))
+        .await;
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .unwrap();
+    let _relay = env.start_relay().await;
+    let admin = env.db.connect().await;
+    // The relay has passed over the row and gone to sleep: it holds the wake lock.
+    wait_until(PROMPTLY, "the relay sleeps", || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = 1718051121",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    assert!(!env.row(id).await.delivered);
+    holder.batch_execute("COMMIT").await.unwrap();
+    env.wait_delivered(id).await;
+}
+
+/// `drain` lets go of leadership when it fails (here: its pooled connection is ended while it
+/// delivers): the relay that comes next need not wait out a lease (30 s here) it did not need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_lets_go_of_leadership_when_it_fails() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(300)),
+        1_000_000,
+    ));
+    let client = env.db.connect().await;
+    for i in 0..40 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:d{i}"), "viewer", "document:d")]),
+        )
+        .await;
+    }
+    let lease = [
+        ("FGA_RELAY_LEADER_LEASE", "30s"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ];
+    let mut drain = env.command(&["drain", "--timeout", "60s"]);
+    drain.envs(lease).stderr(std::process::Stdio::piped());
+    let drain = drain.spawn().unwrap();
+    wait_for_writes(&env.fga, 2, "the drain delivers").await;
+    end_sessions(&env, "fga-relay drain").await;
+    let out = drain.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.fga.clear_faults();
+    let relay = env.spawn_relay(&lease);
+    relay.wait_for_log("delivering (leader)").await;
+    env.wait_drained().await;
+    assert!(
+        !relay.logs().contains("did not let go cleanly"),
+        "{}",
+        relay.logs()
+    );
+}
+
+/// One Write call, the OIDC token fetch included, runs under one request timeout: a token that
+/// takes 1.5 s and a Write that takes 1.5 s more (each within the 2 s request timeout) make an
+/// attempt that timed out, recorded on the row, not one Write call of 3 s, which a new leader's
+/// fence could not count on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_call_with_its_token_fetch_runs_under_one_deadline() {
+    const SLOW: Duration = Duration::from_millis(1500);
+    // Tokens live 1 s: the relay fetches a new one for every Write.
+    let app = axum::Router::new().route(
+        "/oauth/token",
+        axum::routing::post(|| async {
+            tokio::time::sleep(SLOW).await;
+            axum::Json(serde_json::json!({"access_token": "token", "expires_in": 1}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let env = Env::with_fga(FakeFga::builder().accept_bearer(|t| t == "token").start()).await;
+    let relay = env.spawn_relay(&[
+        ("FGA_CLIENT_ID", "relay"),
+        ("FGA_CLIENT_SECRET", "secret"),
+        ("FGA_API_TOKEN_ISSUER", issuer.as_str()),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    env.fga.push_fault(FaultRule::once(Fault::Delay(SLOW)));
+    let id = env
+        .insert(writes(&[tk("user:deadline", "viewer", "document:t")]))
+        .await;
+    wait_until(Duration::from_secs(30), "the row is delivered", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+    let row = env.row(id).await;
+    assert_eq!(row.attempts, 1, "{row:?}");
+    assert!(
+        row.last_error.unwrap_or_default().contains("timed out"),
+        "the first attempt ran out of time"
+    );
+    server.abort();
+}
+
+/// A leader stopped (SIGSTOP) whose LISTEN connection also went silent, while its pooled
+/// connections and OpenFGA still work. A standby replaces it once its lease has run out.
+/// Continued, the old leader finds work at once (rows nobody has claimed), and nothing yet tells
+/// it that its session is gone (its heartbeat waits a whole interval for an answer): only its
+/// own clock, which says its lease ran out, keeps it from sending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_it_was_replaced() {
+    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let timings = [
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+        ("FGA_RELAY_LEADER_LEASE", "3s"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ];
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(300)),
+        1_000_000,
+    ));
+    let old = env.spawn_relay(
+        &[
+            &timings[..],
+            &[
+                ("DATABASE_URL", url.as_str()),
+                ("FGA_API_TOKEN", "old-leader"),
+            ],
+        ]
+        .concat(),
+    );
+    old.wait_for_log("delivering (leader)").await;
+    let standby = env.spawn_relay(&[&timings[..], &[("FGA_API_TOKEN", "standby")]].concat());
+    standby.wait_for_log("standing by").await;
+    let client = env.db.connect().await;
+    let insert = |prefix: &'static str, n: usize| {
+        let client = &client;
+        async move {
+            for i in 0..n {
+                let t = tk(&format!("user:{prefix}{i}"), "viewer", "document:c");
+                insert_with(client, writes(&[t])).await;
+            }
+        }
+    };
+    insert("p", 20).await;
+    stop_after_writes(&env.fga, &old, "old-leader", 3).await;
+    assert_eq!(proxy.freeze_named("fga-relay run listener"), 1);
+    let t0 = Instant::now();
+    wait_until(
+        RECOVERY,
+        "the standby delivers the stopped leader's page",
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    // Keep the standby busy with a page of its own, then add rows nobody has claimed.
+    insert("b", 10).await;
+    let busy = writes_by(&env.fga, "standby").len() + 1;
+    wait_until(PROMPTLY, "the standby is in the middle of a page", || {
+        let n = writes_by(&env.fga, "standby").len();
+        async move { n >= busy }
+    })
+    .await;
+    insert("q", 10).await;
+    old.signal(libc::SIGCONT);
+    old.wait_for_log("standing by").await;
+    env.wait_drained().await;
+    assert_sent_nothing_after(&env.fga, "old-leader", t0);
+}
