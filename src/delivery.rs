@@ -56,6 +56,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, error, warn};
 
@@ -165,7 +166,8 @@ impl Gate {
 
 /// How a Write ended.
 enum Answer {
-    /// Not sent: OpenFGA asked for a pause meanwhile. The rows go back to the queue.
+    /// Not sent: OpenFGA asked for a pause meanwhile, or the pass was told to stop (shutdown,
+    /// leadership lost) while the rows were being locked. The rows go back to the queue.
     Deferred,
     /// These rows are held by another session: nothing was sent.
     Held(Vec<i64>),
@@ -213,8 +215,9 @@ impl Flight {
         client: Arc<FgaClient>,
         metrics: Metrics,
         gate: Gate,
+        ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     ) -> (Flight, Result<Answer, StoreError>) {
-        let answer = self.send(&store, &client, &metrics, &gate).await;
+        let answer = self.send(&store, &client, &metrics, &gate, &ask).await;
         (self, answer)
     }
 
@@ -224,6 +227,7 @@ impl Flight {
         client: &FgaClient,
         metrics: &Metrics,
         gate: &Gate,
+        ask: &mpsc::UnboundedSender<oneshot::Sender<bool>>,
     ) -> Result<Answer, StoreError> {
         if gate.is_closed() {
             return Ok(Answer::Deferred);
@@ -249,6 +253,15 @@ impl Flight {
                 let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
                 return Ok(Answer::Held(missing));
             }
+            return Ok(Answer::Deferred);
+        }
+        // The pass's `keep_going` (shutdown, the leader's lease by its own clock) is asked
+        // again right before the Write leaves: the lock took a round trip since the Write was
+        // planned, and a relay stopped (SIGSTOP) meanwhile may no longer lead when it resumes.
+        let (reply, answer) = oneshot::channel();
+        if ask.send(reply).is_err() || !answer.await.unwrap_or(false) {
+            conn.batch_execute("ROLLBACK").await?;
+            tx.finish();
             return Ok(Answer::Deferred);
         }
         let ops: Vec<&Op> = self.ops.iter().collect();
@@ -471,6 +484,8 @@ impl Deliverer {
         let mut launching = true;
         let mut failed: Option<StoreError> = None;
         let gate = Gate::default();
+        // Writes about to leave ask here whether they still may (see `Flight::send`).
+        let (ask, mut asked) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
         loop {
             if gate.is_closed() {
                 launching = false;
@@ -517,10 +532,23 @@ impl Deliverer {
                     self.client.clone(),
                     self.metrics.clone(),
                     gate.clone(),
+                    ask.clone(),
                 ));
                 self.metrics.writes_in_flight.set(flights.len() as i64);
             }
-            let Some(joined) = flights.join_next().await else {
+            let joined = tokio::select! {
+                Some(reply) = asked.recv() => {
+                    let go = keep_going();
+                    if !go {
+                        report.interrupted = true;
+                        launching = false;
+                    }
+                    let _ = reply.send(go);
+                    continue;
+                }
+                joined = flights.join_next() => joined,
+            };
+            let Some(joined) = joined else {
                 if launching && !exhausted {
                     continue;
                 }
