@@ -19,7 +19,9 @@
 //! at most what was in flight. The window adapts as TCP's does: halved by a 429, a 5xx or a
 //! timeout, grown by one Write per window of successes, up to `--max-in-flight`. A
 //! `Retry-After` closes a gate every Write about to leave looks at, so that none goes out before
-//! the wait is over.
+//! the wait is over; and every Write about to leave asks the pass's `keep_going` (shutdown, the
+//! leader's lease) once more, so that a relay stopped while its rows were being locked sends
+//! nothing once continued.
 //!
 //! # Failures
 //! - Transient, for a Write of several rows: the relay cannot tell an outage from one bad row,
@@ -467,8 +469,9 @@ impl Deliverer {
     }
 
     /// One pass over every pending row, in id order, read a page at a time, with up to
-    /// [`Deliverer::window`] Writes in flight. `keep_going` is asked before every Write; when it
-    /// says no, the pass sends nothing more, waits for the Writes in flight, and stops.
+    /// [`Deliverer::window`] Writes in flight. `keep_going` is asked when a Write is planned and
+    /// again right before it leaves (its rows locked); when it says no, the pass sends nothing
+    /// more, waits for the Writes in flight, and stops.
     pub async fn pass(&mut self, keep_going: &dyn Fn() -> bool) -> Result<PassReport, StoreError> {
         let mut report = PassReport::default();
         let mut blocked: HashSet<u64> = HashSet::new();
