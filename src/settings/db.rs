@@ -7,7 +7,9 @@ use clap::Args;
 /// Where the outbox is.
 #[derive(Args, Debug)]
 pub struct DbArgs {
-    /// PostgreSQL connection string (URL or key=value); sslmode as usual.
+    /// PostgreSQL connection string (URL or key=value); sslmode as usual. What it leaves out
+    /// comes from PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, ... and
+    /// ~/.pgpass (PGPASSFILE), as for psql; without it they say it all.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// The outbox table's name (also the NOTIFY channel).
@@ -20,10 +22,9 @@ impl DbArgs {
         let url = self
             .database_url
             .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| ConfigError::new("--database-url (DATABASE_URL)", "is required"))?;
+            .filter(|s| !s.trim().is_empty());
         Ok(DbSettings {
-            url: Secret::new(url),
+            url: url.map(Secret::new),
             table: TableName::parse(or_default(&self.table, DEFAULT_TABLE))?,
         })
     }

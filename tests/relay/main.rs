@@ -8,6 +8,7 @@ mod commands;
 mod delivery;
 mod faults;
 mod leadership;
+mod libpq;
 mod listen;
 mod observability;
 mod payloads;

@@ -69,7 +69,7 @@ async fn bad_settings_exit_2_naming_the_setting() {
             Some("0"),
             "FGA_MAX_TUPLES_PER_WRITE",
         ),
-        ("DATABASE_URL", None, "DATABASE_URL"),
+        ("DATABASE_URL", Some("postgres://[bad"), "DATABASE_URL"),
         (
             "FGA_OUTBOX_TABLE",
             Some("no such table"),
