@@ -241,7 +241,10 @@ mod tests {
         assert_eq!(full.config.get_application_name(), Some("a"));
         assert_eq!(full.tls.sslmode.as_deref(), Some("require"));
         assert_eq!(full.tls.sslrootcert.as_deref(), Some("/u.crt"));
-        assert_eq!(full.config.get_connect_timeout(), Some(&Duration::from_secs(9)));
+        assert_eq!(
+            full.config.get_connect_timeout(),
+            Some(&Duration::from_secs(9))
+        );
 
         let empty = resolve(Some("postgresql://"), &env, true).unwrap();
         let none = resolve(None, &env, true).unwrap();
@@ -255,7 +258,10 @@ mod tests {
             assert_eq!(r.tls.sslmode.as_deref(), Some("verify-full"));
             assert_eq!(r.tls.sslrootcert.as_deref(), Some("/env/root.crt"));
             // libpq's minimum.
-            assert_eq!(r.config.get_connect_timeout(), Some(&Duration::from_secs(2)));
+            assert_eq!(
+                r.config.get_connect_timeout(),
+                Some(&Duration::from_secs(2))
+            );
             assert!(r.connect_timeout_given);
         }
 
@@ -268,14 +274,25 @@ mod tests {
 
     #[test]
     fn several_hosts_and_ports_and_bad_values_name_the_variable() {
-        let r = resolve(None, &with(&[("PGHOST", "a,/sock"), ("PGPORT", "1,2")]), false).unwrap();
+        let r = resolve(
+            None,
+            &with(&[("PGHOST", "a,/sock"), ("PGPORT", "1,2")]),
+            false,
+        )
+        .unwrap();
         assert_eq!(hosts(&r.config), ["a", "/sock"]);
         assert_eq!(r.config.get_ports(), [1, 2]);
-        for (var, value) in [("PGPORT", "x"), ("PGPORT", "0"), ("PGCONNECT_TIMEOUT", "soon")] {
+        for (var, value) in [
+            ("PGPORT", "x"),
+            ("PGPORT", "0"),
+            ("PGCONNECT_TIMEOUT", "soon"),
+        ] {
             let err = resolve(None, &with(&[(var, value)]), false).err().unwrap();
             assert_eq!(err.setting, var);
         }
-        let err = resolve(Some("postgres://[bad"), &with(&[]), false).err().unwrap();
+        let err = resolve(Some("postgres://[bad"), &with(&[]), false)
+            .err()
+            .unwrap();
         assert!(err.setting.contains("DATABASE_URL"));
     }
 }

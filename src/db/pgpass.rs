@@ -143,13 +143,19 @@ short:line
         let t = |h, p, d, u| lookup(file, &target(h, p, d, u));
         assert_eq!(t("db1", "5432", "app", "relay").as_deref(), Some("first"));
         assert_eq!(t("db2", "5432", "app", "relay").as_deref(), Some("second"));
-        assert_eq!(t("db:x", "5432", "z", "relay").as_deref(), Some("colon:host"));
+        assert_eq!(
+            t("db:x", "5432", "z", "relay").as_deref(),
+            Some("colon:host")
+        );
         assert_eq!(t("*", "5432", "z", "u").as_deref(), Some("literal-star"));
         assert_eq!(t("h", "5432", "z", "u"), None, "\\* is a literal star");
         assert_eq!(t("h", "6543", "z", "u").as_deref(), Some("pa\\ss:word"));
         assert_eq!(t("h", "5432", "z", "other").as_deref(), Some(""));
         assert_eq!(t("short", "line", "", ""), None);
-        assert_eq!(lookup("a:1:d:u:p\r\n", &target("a", "1", "d", "u")).as_deref(), Some("p"));
+        assert_eq!(
+            lookup("a:1:d:u:p\r\n", &target("a", "1", "d", "u")).as_deref(),
+            Some("p")
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@ use tokio_postgres::config::Host;
 /// the settings cannot be resolved (their error is reported, without the string, when
 /// connecting).
 pub fn summary(db: &DbSettings) -> String {
-    summary_with(db.url.as_ref().map(|u| u.expose()), &|k| std::env::var(k).ok())
+    summary_with(db.url.as_ref().map(|u| u.expose()), &|k| {
+        std::env::var(k).ok()
+    })
 }
 
 fn summary_with(url: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> String {

@@ -1,5 +1,6 @@
 //! Where the outbox is: `--database-url` and `--table`.
 
+use super::secret_file::SecretSource;
 use super::{DEFAULT_TABLE, or_default};
 use crate::config::{ConfigError, DbSettings, Secret, TableName};
 use clap::Args;
@@ -12,6 +13,10 @@ pub struct DbArgs {
     /// ~/.pgpass (PGPASSFILE), as for psql; without it they say it all.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// A file holding the connection string (a Docker or Kubernetes secret), instead of
+    /// --database-url; or the systemd credential `database-url`.
+    #[arg(long, env = "DATABASE_URL_FILE")]
+    pub database_url_file: Option<String>,
     /// The outbox table's name (also the NOTIFY channel).
     #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = DEFAULT_TABLE)]
     pub table: String,
@@ -19,10 +24,16 @@ pub struct DbArgs {
 
 impl DbArgs {
     pub fn settings(&self) -> Result<DbSettings, ConfigError> {
-        let url = self
-            .database_url
-            .as_deref()
-            .filter(|s| !s.trim().is_empty());
+        let url = SecretSource {
+            setting: "--database-url (DATABASE_URL)",
+            file_setting: "--database-url-file (DATABASE_URL_FILE)",
+            credential: "database-url",
+        }
+        .resolve(
+            self.database_url.as_deref(),
+            self.database_url_file.as_deref(),
+        )?
+        .filter(|s| !s.trim().is_empty());
         Ok(DbSettings {
             url: url.map(Secret::new),
             table: TableName::parse(or_default(&self.table, DEFAULT_TABLE))?,

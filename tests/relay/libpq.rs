@@ -4,15 +4,15 @@
 
 use crate::common::fga::FakeFga;
 use crate::common::pg::{PgOptions, TestDb};
-use crate::common::relay::{Env, wait_until, tk, writes};
+use crate::common::relay::{Env, tk, wait_until, writes};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-const PASSWORD: &str = "pa:ss\\Word7";
+pub(crate) const PASSWORD: &str = "pa:ss\\Word7";
 
 /// A cluster that checks passwords on TCP, with a role `relay` whose password is [`PASSWORD`].
-async fn password_checked() -> (Env, u16) {
+pub(crate) async fn password_checked(fga: FakeFga) -> (Env, u16) {
     let db = TestDb::start_with(PgOptions {
         tcp: true,
         hba: vec![
@@ -22,7 +22,7 @@ async fn password_checked() -> (Env, u16) {
         ..PgOptions::default()
     });
     let port = db.tcp_port().expect("a TCP port");
-    let env = Env::with(db, FakeFga::start()).await;
+    let env = Env::with(db, fga).await;
     env.db
         .connect()
         .await
@@ -55,20 +55,26 @@ async fn drain(env: &Env, url: Option<&str>, vars: &[(&str, &str)]) -> (bool, St
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
-    assert!(!logs.contains(PASSWORD), "the password in a log line:\n{logs}");
-    assert!(!logs.contains("wrong-pw"), "a password in a log line:\n{logs}");
+    assert!(
+        !logs.contains(PASSWORD),
+        "the password in a log line:\n{logs}"
+    );
+    assert!(
+        !logs.contains("wrong-pw"),
+        "a password in a log line:\n{logs}"
+    );
     let delivered = out.status.success() && env.row(id).await.delivered;
     (delivered, logs)
 }
 
-fn write_private(path: &Path, contents: &str, mode: u32) {
+pub(crate) fn write_private(path: &Path, contents: &str, mode: u32) {
     std::fs::write(path, contents).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_libpq_environment_stands_alone_and_fills_what_the_url_leaves_out() {
-    let (env, port) = password_checked().await;
+    let (env, port) = password_checked(FakeFga::start()).await;
     let port_s = port.to_string();
     let all = [
         ("PGHOST", "127.0.0.1"),
@@ -82,7 +88,9 @@ async fn the_libpq_environment_stands_alone_and_fills_what_the_url_leaves_out() 
     let (ok, logs) = drain(&env, None, &all).await;
     assert!(ok, "the environment alone:\n{logs}");
     assert!(
-        logs.contains(&format!("host=127.0.0.1 port={port} dbname=postgres user=relay")),
+        logs.contains(&format!(
+            "host=127.0.0.1 port={port} dbname=postgres user=relay"
+        )),
         "the logs say where:\n{logs}"
     );
     // Each variable is read: changing it alone changes the outcome.
@@ -93,7 +101,11 @@ async fn the_libpq_environment_stands_alone_and_fills_what_the_url_leaves_out() 
         ("PGPASSWORD", "wrong-pw", "another password"),
         ("PGDATABASE", "template0", "another database"),
         ("PGSSLMODE", "require", "TLS the server does not offer"),
-        ("PGSSLROOTCERT", "/nonexistent/root.crt", "roots that cannot be read"),
+        (
+            "PGSSLROOTCERT",
+            "/nonexistent/root.crt",
+            "roots that cannot be read",
+        ),
         ("PGCONNECT_TIMEOUT", "soon", "not a timeout"),
     ] {
         let vars: Vec<(&str, &str)> = all
@@ -159,7 +171,7 @@ async fn the_libpq_environment_stands_alone_and_fills_what_the_url_leaves_out() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_password_file_gives_the_password_only_when_none_was_given() {
-    let (env, port) = password_checked().await;
+    let (env, port) = password_checked(FakeFga::start()).await;
     let home = std::env::temp_dir().join(format!("pgpass-home-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
     let escaped = PASSWORD.replace('\\', "\\\\").replace(':', "\\:");
@@ -185,7 +197,10 @@ async fn the_password_file_gives_the_password_only_when_none_was_given() {
         &[("HOME", &home_s), ("PGPASSWORD", "wrong-pw")],
     )
     .await;
-    assert!(!ok, "the file was used although a password was given:\n{logs}");
+    assert!(
+        !ok,
+        "the file was used although a password was given:\n{logs}"
+    );
     // PGPASSFILE names another file.
     let other = home.join("elsewhere");
     write_private(&other, &lines, 0o600);
@@ -207,6 +222,6 @@ async fn the_password_file_gives_the_password_only_when_none_was_given() {
     std::fs::remove_dir_all(&home).unwrap();
 }
 
-fn percent_encode(s: &str) -> String {
+pub(crate) fn percent_encode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }

@@ -13,6 +13,7 @@ mod listen;
 mod observability;
 mod payloads;
 mod reconcile;
+mod secret_files;
 mod security;
 mod settings;
 mod wait;
