@@ -129,6 +129,8 @@ pub enum Auth {
         client_secret: Secret,
         token_issuer: reqwest::Url,
         audience: Option<String>,
+        /// OAuth2 scopes, space-separated (the token request's `scope`).
+        scopes: Option<String>,
     },
 }
 

@@ -526,6 +526,7 @@ impl FgaClient {
             client_secret,
             token_issuer,
             audience,
+            scopes,
         } = &self.auth
         else {
             unreachable!("only called for client credentials");
@@ -537,6 +538,9 @@ impl FgaClient {
         ];
         if let Some(a) = audience {
             form.push(("audience", a.as_str()));
+        }
+        if let Some(s) = scopes {
+            form.push(("scope", s.as_str()));
         }
         let started = Instant::now();
         let resp = self

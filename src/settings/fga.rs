@@ -44,6 +44,10 @@ pub struct FgaArgs {
     /// OIDC audience.
     #[arg(long, env = "FGA_API_AUDIENCE")]
     pub api_audience: Option<String>,
+    /// OIDC scopes, sent space-separated as the token request's `scope` (repeat the flag, or
+    /// separate them with spaces, as for the fga CLI).
+    #[arg(long, env = "FGA_API_SCOPES")]
+    pub api_scopes: Vec<String>,
     /// One OpenFGA request's limit; past it the attempt counts as a transient failure.
     #[arg(long, env = "FGA_RELAY_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT)]
     pub request_timeout: String,
@@ -121,6 +125,7 @@ impl FgaArgs {
                     client_secret: Secret::new(secret),
                     token_issuer: token_endpoint(issuer)?,
                     audience: non_empty(&self.api_audience).map(str::to_owned),
+                    scopes: scopes(&self.api_scopes),
                 }
             }
             (None, None) => Auth::None,
@@ -154,6 +159,13 @@ impl FgaArgs {
             ca_file,
         })
     }
+}
+
+/// `--api-scopes a --api-scopes "b c"` (or `FGA_API_SCOPES="a b c"`) as the token request's
+/// `scope`: `a b c`, as the fga CLI sends them.
+fn scopes(given: &[String]) -> Option<String> {
+    let all: Vec<&str> = given.iter().flat_map(|s| s.split_whitespace()).collect();
+    (!all.is_empty()).then(|| all.join(" "))
 }
 
 /// The token endpoint for `FGA_API_TOKEN_ISSUER`, as the OpenFGA SDKs build it: a bare host gets
