@@ -16,5 +16,6 @@ mod reconcile;
 mod secret_files;
 mod security;
 mod settings;
+mod summary;
 mod wait;
 mod wait_bench;
