@@ -119,6 +119,5 @@ mod tests {
         h.observe(f64::NAN);
         h.observe(1e9);
         assert_eq!(h.take().unwrap().count, 2);
-        assert_eq!(h.histogram.count(), 102, "the histogram counts on");
     }
 }
