@@ -35,35 +35,40 @@ pub(crate) async fn password_checked(fga: FakeFga) -> (Env, u16) {
     (env, port)
 }
 
-/// Runs `drain` with `DATABASE_URL` (None: unset) and `vars`; returns whether it delivered a
-/// fresh row, and its logs (at trace).
-async fn drain(env: &Env, url: Option<&str>, vars: &[(&str, &str)]) -> (bool, String) {
-    let id = env
-        .insert(writes(&[tk("user:x", "viewer", "document:1")]))
-        .await;
+/// Runs `drain` without the harness's `DATABASE_URL`, with `vars` instead, at trace; returns
+/// its exit status and logs, which must not hold any of `secrets`.
+pub(crate) fn drain_without_url(
+    env: &Env,
+    vars: &[(&str, &str)],
+    secrets: &[&str],
+) -> (std::process::ExitStatus, String) {
     let mut c = env.command(&["drain", "--timeout", "20s"]);
     c.env_remove("DATABASE_URL").env("RUST_LOG", "trace");
-    if let Some(url) = url {
-        c.env("DATABASE_URL", url);
-    }
-    for (k, v) in vars {
-        c.env(k, v);
-    }
+    c.envs(vars.iter().copied());
     let out = c.output().unwrap();
     let logs = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
-    assert!(
-        !logs.contains(PASSWORD),
-        "the password in a log line:\n{logs}"
-    );
-    assert!(
-        !logs.contains("wrong-pw"),
-        "a password in a log line:\n{logs}"
-    );
-    let delivered = out.status.success() && env.row(id).await.delivered;
+    for secret in secrets {
+        assert!(!logs.contains(secret), "{secret:?} in a log line:\n{logs}");
+    }
+    (out.status, logs)
+}
+
+/// Runs `drain` with `DATABASE_URL` (None: unset) and `vars`; returns whether it delivered a
+/// fresh row, and its logs.
+async fn drain(env: &Env, url: Option<&str>, vars: &[(&str, &str)]) -> (bool, String) {
+    let id = env
+        .insert(writes(&[tk("user:x", "viewer", "document:1")]))
+        .await;
+    let mut all: Vec<(&str, &str)> = vars.to_vec();
+    if let Some(url) = url {
+        all.push(("DATABASE_URL", url));
+    }
+    let (status, logs) = drain_without_url(env, &all, &[PASSWORD, "wrong-pw"]);
+    let delivered = status.success() && env.row(id).await.delivered;
     (delivered, logs)
 }
 
