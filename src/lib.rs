@@ -15,7 +15,11 @@
 //! - [`db`]: connections: the pool, the dedicated connection's settings, and TLS as libpq
 //!   understands `sslmode` (`db::tls`).
 //! - [`payload`]: what a row's payload must be, and why it is not.
-//! - [`openfga`]: the HTTP client and what each OpenFGA answer means.
+//! - [`openfga`]: the OpenFGA client. One file each for the HTTP client with its Write and Read
+//!   calls and the Write's deadline (`client`), the preshared token or OIDC client-credentials
+//!   tokens and their cache (`auth`), the store's id and the check at start (`store`), what each
+//!   answer means (`classify`), the Write body (`write_body`), the Read page (`read_page`) and
+//!   `Retry-After` (`retry_after`).
 //! - [`delivery`]: one pass over the pending rows: batching, the per-tuple order rule, retries,
 //!   isolation of bad rows, dead letters.
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.

@@ -1,13 +1,15 @@
-//! Tests of the OpenFGA stand-in (`tests/common/fga.rs`) itself, through a real HTTP client.
-//! Expected statuses, codes and messages are those of `shared/reference/openfga-api.md`.
+//! Tests of the OpenFGA stand-in (`tests/common/fga/`) itself, through a real HTTP client.
+//! Expected statuses, codes and messages are OpenFGA's own, as its source gives them.
 
-mod common;
+// Only the stand-in: the rest of `tests/common` serves the relay's tests.
+mod common {
+    pub mod fga;
+}
 
 use std::time::{Duration, Instant};
 
 use common::fga::{
     Change, FakeFga, Fault, FaultRule, MODEL_ID, Model, Op, STORE_ID, STORE_NAME, StoredTuple,
-    eventually,
 };
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
@@ -628,7 +630,7 @@ async fn writes_are_validated_against_the_model() {
             .await
             .assert_error(400, "validation_error", message);
     }
-    // The reference's own example needs a model with an `org` type.
+    // OpenFGA's documented example (`org:fga`) needs a model with an `org` type.
     let fga2 = FakeFga::builder()
         .model(Model::default().with_type("org"))
         .start();
@@ -1342,6 +1344,20 @@ async fn behind_the_back_helpers() {
     assert_eq!(fga.write_count(), 0);
     assert!(fga.writes().is_empty());
     assert_eq!(fga.tuples().len(), 2, "reset_requests keeps the tuples");
+}
+
+/// Polls `f` every 10 ms until it returns true; panics with `what` after `timeout`.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut f: F) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]

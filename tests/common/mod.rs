@@ -1,6 +1,5 @@
 //! Helpers shared by the integration tests and the benchmark: a real PostgreSQL the tests start
 //! themselves, an OpenFGA stand-in that answers as OpenFGA does, and ways to run the relay.
-#![allow(dead_code)]
 
 pub mod fga;
 pub mod metrics;

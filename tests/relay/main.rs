@@ -19,3 +19,4 @@ mod settings;
 mod summary;
 mod wait;
 mod wait_bench;
+mod writers;

@@ -1,0 +1,262 @@
+//! The HTTP client: its connection settings, the Write and Read calls, and the deadline of one
+//! whole Write.
+
+use super::auth::{Credentials, TokenError};
+use super::classify::{WriteError, classify, error_chain, excerpt, redirected};
+use super::read_page::{MAX_READ_PAGE, ReadAnswer, ReadPage};
+use super::retry_after::parse_retry_after;
+use super::write_body::write_body;
+use crate::config::{Auth, ConfigError, FgaSettings, StoreRef};
+use crate::payload::Op;
+use serde_json::Value;
+use std::time::Duration;
+
+/// The OpenFGA client.
+pub struct FgaClient {
+    pub(super) http: reqwest::Client,
+    base: reqwest::Url,
+    pub(super) store: StoreRef,
+    /// The store id, once known (at once for `--store-id`, after ListStores for a name).
+    pub(super) store_id: tokio::sync::OnceCell<String>,
+    model_id: Option<String>,
+    credentials: Credentials,
+    /// The deadline of one whole Write call: token, request and the retry after a 401.
+    write_deadline: Duration,
+}
+
+impl FgaClient {
+    /// Builds the client; fails only on settings that can never work (an unreadable CA file).
+    pub fn new(settings: &FgaSettings) -> Result<FgaClient, ConfigError> {
+        let mut builder = reqwest::Client::builder()
+            .timeout(settings.request_timeout)
+            .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
+            .tcp_nodelay(true)
+            // A redirect means FGA_API_URL is not OpenFGA's address: following it would resend
+            // the body (and the token) somewhere the operator never named.
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(Duration::from_secs(50))
+            .user_agent(concat!("fga-relay/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &settings.ca_file {
+            let setting = "--ca-file (FGA_CA_FILE)";
+            let pem = std::fs::read(path).map_err(|e| {
+                ConfigError::new(setting, format!("cannot read {}: {e}", path.display()))
+            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                ConfigError::new(
+                    setting,
+                    format!("{} holds no PEM certificate: {e}", path.display()),
+                )
+            })?;
+            if certs.is_empty() {
+                return Err(ConfigError::new(
+                    setting,
+                    format!("{} holds no PEM certificate", path.display()),
+                ));
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().map_err(|e| {
+            ConfigError::new(
+                "--api-url (FGA_API_URL)",
+                format!("cannot build a client: {e}"),
+            )
+        })?;
+        let store_id = tokio::sync::OnceCell::new();
+        if let StoreRef::Id(id) = &settings.store {
+            let _ = store_id.set(id.clone());
+        }
+        Ok(FgaClient {
+            http,
+            base: settings.api_url.clone(),
+            store: settings.store.clone(),
+            store_id,
+            model_id: settings.model_id.clone(),
+            credentials: Credentials::new(settings.auth.clone()),
+            write_deadline: settings.request_timeout,
+        })
+    }
+
+    pub(super) fn url(&self, path: &str) -> reqwest::Url {
+        let mut url = self.base.clone();
+        let base_path = url.path().trim_end_matches('/').to_owned();
+        url.set_path(&format!("{base_path}{path}"));
+        url
+    }
+
+    /// Sends a request with auth; on a 401 with client credentials, fetches a new token and
+    /// tries once more.
+    pub(super) async fn send(
+        &self,
+        make: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, SendError> {
+        for attempt in 0..2 {
+            let mut req = make();
+            match self.credentials.bearer(&self.http).await {
+                Ok(Some(token)) => req = req.bearer_auth(token),
+                Ok(None) => {}
+                Err(e) => return Err(SendError::Token(e)),
+            }
+            let resp = req.send().await.map_err(SendError::Http)?;
+            if resp.status() == reqwest::StatusCode::UNAUTHORIZED
+                && matches!(self.credentials.auth, Auth::ClientCredentials { .. })
+                && attempt == 0
+            {
+                self.credentials.forget_token().await;
+                continue;
+            }
+            return Ok(resp);
+        }
+        unreachable!("the loop returns on its second pass")
+    }
+
+    /// Sends one Write carrying `ops`, all of it (OIDC token fetch, the request, and the retry
+    /// after a 401) within one request timeout: a new leader's fence counts on no Write of an
+    /// earlier leader lasting longer.
+    pub async fn write(&self, ops: &[&Op]) -> Result<(), WriteError> {
+        tokio::time::timeout(self.write_deadline, self.write_unbounded(ops))
+            .await
+            .unwrap_or_else(|_| {
+                Err(WriteError::Transient {
+                    reason: format!(
+                        "the Write (token and retry included) timed out after {:?}",
+                        self.write_deadline
+                    ),
+                    retry_after: None,
+                })
+            })
+    }
+
+    async fn write_unbounded(&self, ops: &[&Op]) -> Result<(), WriteError> {
+        let store_id = self.request_store_id().await?;
+        let url = self.url(&format!("/stores/{store_id}/write"));
+        let body = write_body(ops, self.model_id.as_deref());
+        let (status, retry_after, answer) = self.post_json(url, body).await?;
+        if (200..300).contains(&status) {
+            // OpenFGA answers `{}`. Anything that is not a JSON object came from something else
+            // (a proxy's page): the write cannot be taken as done.
+            return match serde_json::from_slice::<Value>(&answer) {
+                Ok(Value::Object(_)) => Ok(()),
+                _ => Err(WriteError::Unexpected {
+                    status,
+                    excerpt: excerpt(&answer),
+                }),
+            };
+        }
+        Err(classify(status, retry_after, &answer, ops))
+    }
+
+    /// One page of OpenFGA's Read, as its source answers it: the tuples matching `filter`
+    /// (every tuple of the store when `None`), at most `page_size` (1..=[`MAX_READ_PAGE`]) of
+    /// them, from `continuation_token` on (empty for the first page), read with
+    /// `HIGHER_CONSISTENCY` so that no cache answers for the store. OpenFGA returns tuples in
+    /// its own order (insertion order on its SQL datastores, not key order), and an empty token
+    /// on the last page.
+    ///
+    /// Failures are classified as a Write's: [`WriteError::Transient`] may succeed if asked
+    /// again; any other class cannot succeed as asked (for a Read, `Rejected` too: there is no
+    /// row to blame, the request itself is wrong).
+    pub async fn read(
+        &self,
+        filter: Option<&crate::payload::TupleKey>,
+        page_size: u32,
+        continuation_token: &str,
+    ) -> Result<ReadPage, WriteError> {
+        let store_id = self.request_store_id().await?;
+        let url = self.url(&format!("/stores/{store_id}/read"));
+        let mut body = serde_json::json!({
+            "page_size": page_size.clamp(1, MAX_READ_PAGE),
+            "consistency": "HIGHER_CONSISTENCY",
+        });
+        if let Some(k) = filter {
+            body["tuple_key"] =
+                serde_json::json!({"user": k.user, "relation": k.relation, "object": k.object});
+        }
+        if !continuation_token.is_empty() {
+            body["continuation_token"] = Value::String(continuation_token.to_owned());
+        }
+        let body = serde_json::to_vec(&body).expect("JSON always serialises");
+        let (status, retry_after, answer) = self.post_json(url, body).await?;
+        if !(200..300).contains(&status) {
+            return Err(classify(status, retry_after, &answer, &[]));
+        }
+        serde_json::from_slice::<ReadAnswer>(&answer)
+            .map(ReadPage::from)
+            .map_err(|_| WriteError::Unexpected {
+                status,
+                excerpt: excerpt(&answer),
+            })
+    }
+
+    /// POSTs a JSON body with auth; returns the status, `Retry-After` and the answer's body. A
+    /// request that got no answer is transient.
+    async fn post_json(
+        &self,
+        url: reqwest::Url,
+        body: Vec<u8>,
+    ) -> Result<(u16, Option<Duration>, bytes::Bytes), WriteError> {
+        let body = bytes::Bytes::from(body);
+        let resp = self
+            .send(|| {
+                self.http
+                    .post(url.clone())
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await
+            .map_err(|e| match e {
+                SendError::Token(e) => e.into_write_error(),
+                SendError::Http(e) => WriteError::Transient {
+                    reason: describe_http_error(&e),
+                    retry_after: None,
+                },
+            })?;
+        let status = resp.status().as_u16();
+        if resp.status().is_redirection() {
+            return Err(redirected(status, resp.headers()));
+        }
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let answer = resp.bytes().await.map_err(|e| WriteError::Transient {
+            reason: format!(
+                "reading OpenFGA's answer failed: {}",
+                describe_http_error(&e)
+            ),
+            retry_after: None,
+        })?;
+        Ok((status, retry_after, answer))
+    }
+}
+
+pub(super) enum SendError {
+    Token(TokenError),
+    Http(reqwest::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Token(e) => f.write_str(&e.reason),
+            SendError::Http(e) => f.write_str(&describe_http_error(e)),
+        }
+    }
+}
+
+/// A reqwest error with its causes, which say what really happened (refused, reset, timed out).
+fn describe_http_error(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "request timed out"
+    } else if e.is_connect() {
+        "cannot connect to OpenFGA"
+    } else {
+        "request to OpenFGA failed"
+    };
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{kind}: {}", error_chain(cause)),
+        None => kind.to_owned(),
+    }
+}

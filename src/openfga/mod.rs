@@ -1,0 +1,26 @@
+//! The OpenFGA HTTP client: Write and Read (and the store check at start), and what every
+//! answer means.
+//!
+//! - `client`: the HTTP client, the Write and Read calls, the deadline of one whole Write.
+//! - `auth`: the preshared token, or OIDC client-credentials tokens and their cache.
+//! - `store`: the store id, resolved from a name once; the check at start that it exists.
+//! - `classify`: what each answer means ([`WriteError`], [`FailureClass`]).
+//! - `write_body`, `read_page`: what a Write sends and what a Read answers.
+//! - `retry_after`: `Retry-After` as seconds or an HTTP date.
+
+mod auth;
+mod classify;
+mod client;
+mod read_page;
+mod retry_after;
+mod store;
+#[cfg(test)]
+mod tests;
+mod write_body;
+
+pub use classify::{FailureClass, WriteError, classify};
+pub use client::FgaClient;
+pub use read_page::{MAX_READ_PAGE, ReadPage, ReadTuple};
+pub use retry_after::parse_retry_after;
+pub use store::PreflightError;
+pub use write_body::write_body;
