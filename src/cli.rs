@@ -19,7 +19,7 @@ use std::process::ExitCode;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Log format: text, or json for one JSON object a line.
+    /// Log format: text, or json for one JSON object a line [possible values: text, json].
     #[arg(
         long,
         env = "FGA_RELAY_LOG_FORMAT",
@@ -32,23 +32,39 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create the outbox schema or upgrade it, keeping every row (idempotent).
+    #[command(
+        after_help = "Examples:\n  fga-relay migrate\n  DATABASE_URL=postgres://owner@db/app fga-relay migrate --table fga_outbox"
+    )]
     Migrate(commands::Migrate),
     /// Print the schema SQL, for your own migration tool.
+    #[command(
+        after_help = "Examples:\n  fga-relay sql > migrations/0042_fga_outbox.sql\n  fga-relay sql --roles"
+    )]
     Sql(commands::Sql),
     /// Run the relay: LISTEN, deliver, sweep, serve /healthz and /metrics, until SIGTERM/SIGINT.
+    #[command(
+        after_help = "Examples:\n  DATABASE_URL=postgres://relay@db/app FGA_API_URL=http://openfga:8080 FGA_STORE_ID=01J... fga-relay run\n  PGHOST=db PGUSER=relay PGDATABASE=app FGA_STORE_NAME=prod fga-relay run --http-addr 0.0.0.0:9464"
+    )]
     Run(commands::Run),
     /// Deliver every row pending now, then exit: 0 when none is left pending, 1 when some are
     /// at the timeout.
+    #[command(after_help = "Examples:\n  fga-relay drain --timeout 5m")]
     Drain(commands::Drain),
     /// Pending, dead and delivered counts, and the age of the oldest pending row.
+    #[command(after_help = "Examples:\n  fga-relay status\n  fga-relay status --json")]
     Status(commands::Status),
     /// Send dead rows back to pending.
+    #[command(after_help = "Examples:\n  fga-relay retry 1042 1043\n  fga-relay retry --dead")]
     Retry(commands::Retry),
     /// Delete delivered rows older than a duration, in small batches. Never touches pending or
     /// dead rows.
+    #[command(after_help = "Examples:\n  fga-relay prune --older-than 90d")]
     Prune(commands::Prune),
     /// Compare what the delivered rows say OpenFGA must hold with what it holds: exit 0 in
     /// step, 1 on drift, 2 on error. --repair enqueues the corrections.
+    #[command(
+        after_help = "Examples:\n  fga-relay reconcile --since 1h\n  fga-relay reconcile --json\n  fga-relay reconcile --repair"
+    )]
     Reconcile(commands::Reconcile),
 }
 

@@ -111,8 +111,9 @@ impl fmt::Display for TableName {
 /// Where the relay's PostgreSQL is and which outbox table it serves.
 #[derive(Clone, Debug)]
 pub struct DbSettings {
-    /// The connection string, kept secret because it may carry a password.
-    pub url: Secret,
+    /// The connection string, kept secret because it may carry a password; None: libpq's
+    /// environment alone says where (see `db::conninfo`).
+    pub url: Option<Secret>,
     pub table: TableName,
 }
 
@@ -128,6 +129,8 @@ pub enum Auth {
         client_secret: Secret,
         token_issuer: reqwest::Url,
         audience: Option<String>,
+        /// OAuth2 scopes, space-separated (the token request's `scope`).
+        scopes: Option<String>,
     },
 }
 

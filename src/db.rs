@@ -1,8 +1,11 @@
 //! PostgreSQL connections: the pool for claims, marks and commands, and the dedicated
 //! connection the relay listens and leads on (never a pooled one: a pool discards notifications
-//! and may close or recycle the connection at any time). Both use TLS as `sslmode` in
-//! `DATABASE_URL` says, with libpq's semantics (see [`tls`]).
+//! and may close or recycle the connection at any time). Where to connect comes from
+//! `DATABASE_URL` and libpq's environment and password file ([`conninfo`]); both use TLS as
+//! `sslmode` says, with libpq's semantics (see [`tls`]).
 
+pub mod conninfo;
+pub mod pgpass;
 pub mod target;
 pub mod tls;
 
@@ -93,35 +96,30 @@ pub fn claim_idle_limit(request_timeout: Duration) -> Duration {
     request_timeout + Duration::from_secs(5)
 }
 
-/// Parses `DATABASE_URL` into a connection config with the relay's defaults: a writable server
-/// (after a failover, a standby is skipped), a connect timeout, and client-side keepalives.
+/// Resolves `DATABASE_URL` and libpq's environment into a connection config with the relay's
+/// defaults: a writable server (after a failover, a standby is skipped), a connect timeout, and
+/// client-side keepalives.
 pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<PgConnect, ConfigError> {
-    let (url, tls_params) = tls::split(settings.url.expose().trim());
-    let url = url.as_str();
-    let mut cfg: Config = url.parse().map_err(|e| {
-        ConfigError::new(
-            "--database-url (DATABASE_URL)",
-            format!("not a PostgreSQL connection string ({e})"),
-        )
-    })?;
-    if cfg.get_hosts().is_empty() {
-        return Err(ConfigError::new(
-            "--database-url (DATABASE_URL)",
-            "names no host",
-        ));
-    }
+    let url = settings.url.as_ref().map(|u| u.expose());
+    let info = conninfo::resolve(url, &|k| std::env::var(k).ok(), true)?;
+    let mut cfg = info.config;
+    let tls_params = info.tls;
     let unix_only = cfg.get_hosts().iter().all(|h| !matches!(h, Host::Tcp(_)));
-    let pg_tls = tls::configure(&tls_params, unix_only)?;
+    let pg_tls = tls::configure(&tls_params, unix_only).map_err(|mut e| {
+        if !info.tls_from_env.is_empty() {
+            e.setting = format!("{} or {}", e.setting, info.tls_from_env.join(", "));
+        }
+        e
+    })?;
     cfg.ssl_mode(pg_tls.mode);
     if cfg.get_application_name().is_none() {
         cfg.application_name(application_name);
     }
-    // Defaults the URL may override. tokio-postgres' own target_session_attrs default is `any`;
-    // a URL that says otherwise wins because it is parsed into `cfg` before we look.
-    if !url.contains("target_session_attrs") {
+    // Defaults the URL may override. tokio-postgres' own target_session_attrs default is `any`.
+    if !info.target_session_attrs_given {
         cfg.target_session_attrs(TargetSessionAttrs::ReadWrite);
     }
-    if cfg.get_connect_timeout().is_none() {
+    if !info.connect_timeout_given {
         cfg.connect_timeout(Duration::from_secs(5));
     }
     cfg.keepalives(true)

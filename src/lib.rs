@@ -29,7 +29,9 @@
 //!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
 //!   comparison (`compare`), the report (`report`), progress and peak memory (`progress`), and
 //!   what it is asked to do (`settings`).
-//! - [`metrics`], [`http`]: Prometheus metrics and the `/healthz` + `/metrics` endpoint.
+//! - [`metrics`], [`http`]: Prometheus metrics and the `/healthz` + `/metrics` endpoint;
+//!   [`latency_window`]: the delivery latency's percentiles since the last summary.
+//! - [`summary`]: the summary log line every minute, and the warning when rows wait too long.
 //! - [`systemd`]: readiness and watchdog under `Type=notify`.
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares.
 
@@ -40,6 +42,7 @@ pub mod config;
 pub mod db;
 pub mod delivery;
 pub mod http;
+pub mod latency_window;
 pub mod leadership;
 pub mod listener;
 pub mod metrics;
@@ -51,5 +54,6 @@ pub mod schema;
 pub mod settings;
 pub mod shutdown;
 pub mod store;
+pub mod summary;
 pub mod systemd;
 pub mod telemetry;

@@ -3,6 +3,7 @@
 //!
 //! Labels are bounded: a failure class, never an error message.
 
+use crate::latency_window::LatencyHistogram;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -54,7 +55,7 @@ pub struct Metrics {
     pub reconnects: Counter,
     pub sweep_found_rows: Counter,
     pub notifications: Counter,
-    pub delivery_latency_seconds: Histogram,
+    pub delivery_latency_seconds: LatencyHistogram,
     pub request_duration_seconds: Family<OutcomeLabel, Histogram>,
 }
 
@@ -78,7 +79,9 @@ impl Metrics {
             sweep_found_rows: Counter::default(),
             notifications: Counter::default(),
             // 0.25 ms .. ~16 s: commit-to-OpenFGA is around a millisecond when all is well.
-            delivery_latency_seconds: Histogram::new(exponential_buckets(0.00025, 2.0, 17)),
+            delivery_latency_seconds: LatencyHistogram::new(Histogram::new(exponential_buckets(
+                0.00025, 2.0, 17,
+            ))),
             request_duration_seconds: Family::new_with_constructor(|| {
                 Histogram::new(request_buckets())
             }),

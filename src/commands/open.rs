@@ -79,7 +79,7 @@ pub(super) async fn build_relay(
     };
     info!(
         command,
-        database = %crate::db::target::summary(db.url.expose()),
+        database = %crate::db::target::summary(&db),
         table = %db.table,
         api_url = %fga.api_url,
         store = ?fga.store,

@@ -27,7 +27,8 @@ pub struct Reconcile {
     #[arg(long, conflicts_with = "since")]
     all: bool,
     /// How to read OpenFGA: store (every tuple, 100 a page), tuple (one Read per compared
-    /// tuple), or auto (tuple with --since, store otherwise).
+    /// tuple), or auto (tuple with --since, store otherwise) [possible values: auto, store,
+    /// tuple].
     #[arg(long, default_value = "auto")]
     read_by: String,
 }

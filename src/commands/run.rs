@@ -5,6 +5,7 @@ use super::open::build_relay;
 use crate::config::{self, ConfigError};
 use crate::http::Endpoint;
 use crate::settings::{DEFAULT_HTTP_ADDR, RelayArgs, or_default};
+use crate::summary::SummarySettings;
 use clap::Args;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -18,12 +19,32 @@ pub struct Run {
     /// Address for /healthz and /metrics, or "off".
     #[arg(long, env = "FGA_RELAY_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
     http_addr: String,
+    /// Warn when the oldest pending row has waited longer than this (and again once it no
+    /// longer has).
+    #[arg(long, env = "FGA_RELAY_PENDING_AGE_WARN", default_value = DEFAULT_PENDING_AGE_WARN)]
+    pending_age_warn: String,
+    /// A summary line at info this often while anything happened; an idle line every ten.
+    #[arg(long, env = "FGA_RELAY_SUMMARY_INTERVAL", default_value = DEFAULT_SUMMARY_INTERVAL)]
+    summary_interval: String,
 }
+
+const DEFAULT_PENDING_AGE_WARN: &str = "2m";
+const DEFAULT_SUMMARY_INTERVAL: &str = "1m";
 
 impl Run {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let http_addr = config::parse_http_addr(or_default(&self.http_addr, DEFAULT_HTTP_ADDR))?;
         let (db, fga, delivery) = self.relay.settings()?;
+        let summary = SummarySettings {
+            interval: config::parse_positive_duration(
+                "--summary-interval (FGA_RELAY_SUMMARY_INTERVAL)",
+                or_default(&self.summary_interval, DEFAULT_SUMMARY_INTERVAL),
+            )?,
+            pending_age_warn: config::parse_positive_duration(
+                "--pending-age-warn (FGA_RELAY_PENDING_AGE_WARN)",
+                or_default(&self.pending_age_warn, DEFAULT_PENDING_AGE_WARN),
+            )?,
+        };
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
         let (mut relay, registry) = build_relay(db, fga, delivery, "run", Some(&shutdown)).await?;
@@ -45,6 +66,12 @@ impl Run {
                 })?;
             info!(addr = %bound, "serving /healthz and /metrics");
         }
+        tokio::spawn(crate::summary::run(
+            relay.metrics.clone(),
+            relay.store.clone(),
+            summary,
+            shutdown.clone(),
+        ));
         let health = endpoint.clone();
         relay
             .run(shutdown, move |up| {

@@ -1,18 +1,25 @@
-//! What the logs may say about `DATABASE_URL`: the servers, database and user it names, read
-//! from the parsed settings. The string itself never reaches a log line: libpq takes a password
+//! What the logs may say about where the relay connects: the servers, database and user that
+//! `DATABASE_URL` and libpq's environment name, read from the resolved settings. The string itself never reaches a log line: libpq takes a password
 //! in too many places (URL user info, `%`-encoded, `?password=`, `password = x`, quoted
 //! `password='a b'`) for a hand-made redaction to find them all.
 
-use tokio_postgres::Config;
+use crate::config::DbSettings;
 use tokio_postgres::config::Host;
 
 /// `host=a,b port=5432 dbname=app user=relay` for the startup log line, or a placeholder when
-/// the string cannot be parsed (its error is reported, without the string, when connecting).
-pub fn summary(url: &str) -> String {
-    let (rest, _tls) = super::tls::split(url.trim());
-    let Ok(cfg) = rest.parse::<Config>() else {
-        return "(DATABASE_URL cannot be parsed)".to_owned();
+/// the settings cannot be resolved (their error is reported, without the string, when
+/// connecting).
+pub fn summary(db: &DbSettings) -> String {
+    summary_with(db.url.as_ref().map(|u| u.expose()), &|k| {
+        std::env::var(k).ok()
+    })
+}
+
+fn summary_with(url: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> String {
+    let Ok(info) = super::conninfo::resolve(url, env, false) else {
+        return "(the connection settings cannot be parsed)".to_owned();
     };
+    let cfg = info.config;
     let hosts: Vec<String> = cfg
         .get_hosts()
         .iter()
@@ -30,12 +37,13 @@ pub fn summary(url: &str) -> String {
             v.join(",")
         }
     };
+    let user = cfg.get_user().unwrap_or("(default)");
     format!(
         "host={} port={} dbname={} user={}",
         or_default(hosts, "(default)"),
         or_default(ports, "5432"),
-        cfg.get_dbname().unwrap_or("(default)"),
-        cfg.get_user().unwrap_or("(default)"),
+        cfg.get_dbname().unwrap_or(user),
+        user,
     )
 }
 
@@ -83,11 +91,11 @@ mod tests {
             ),
         ];
         for (url, want, secret) in cases {
-            let got = summary(url);
+            let got = summary_with(Some(url), &|_| None);
             assert_eq!(got, want, "{url}");
             assert!(!got.contains(secret));
         }
-        let broken = summary("postgres://u:s3cret@[bad");
+        let broken = summary_with(Some("postgres://u:s3cret@[bad"), &|_| None);
         assert!(!broken.contains("s3cret"), "{broken}");
     }
 }

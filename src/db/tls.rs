@@ -23,8 +23,9 @@
 //! refuses); `allow` tries TLS first (as `prefer`), and `prefer` does not retry without TLS
 //! after a failed handshake; an `sslrootcert` that cannot be read is an error whatever the mode
 //! (libpq ignores a missing file below `verify-ca`); a certificate must name the host in its
-//! subjectAltName (no fallback to the common name); no `sslcrl`, `sslpassword`, nor the
-//! `PGSSL*` environment variables; `gssencmode` may only be `disable` or `prefer`.
+//! subjectAltName (no fallback to the common name); no `sslcrl`, `sslpassword`, and of the
+//! `PGSSL*` environment variables only `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY`
+//! (read in `conninfo`); `gssencmode` may only be `disable` or `prefer`.
 //!
 //! tokio-postgres' own parser knows only `disable`, `prefer` and `require` and rejects the other
 //! keys, so [`split`] takes the TLS keys out of the connection string (both the URL and the

@@ -61,6 +61,7 @@ impl Credentials {
             client_secret,
             token_issuer,
             audience,
+            scopes,
         } = &self.auth
         else {
             unreachable!("only called for client credentials");
@@ -72,6 +73,9 @@ impl Credentials {
         ];
         if let Some(a) = audience {
             form.push(("audience", a.as_str()));
+        }
+        if let Some(s) = scopes {
+            form.push(("scope", s.as_str()));
         }
         let started = Instant::now();
         let resp = http

@@ -55,7 +55,7 @@ pub enum Verdict {
 /// the corrections; the report goes to stdout as it is found.
 pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::Result<Verdict> {
     info!(
-        database = %crate::db::target::summary(db.url.expose()),
+        database = %crate::db::target::summary(db),
         table = %db.table,
         api_url = %fga.api_url,
         store = ?fga.store,

@@ -1,5 +1,6 @@
 //! Where the outbox is: `--database-url` and `--table`.
 
+use super::secret_file::SecretSource;
 use super::{DEFAULT_TABLE, or_default};
 use crate::config::{ConfigError, DbSettings, Secret, TableName};
 use clap::Args;
@@ -7,9 +8,15 @@ use clap::Args;
 /// Where the outbox is.
 #[derive(Args, Debug)]
 pub struct DbArgs {
-    /// PostgreSQL connection string (URL or key=value); sslmode as usual.
+    /// PostgreSQL connection string (URL or key=value); sslmode as usual. What it leaves out
+    /// comes from PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, ... and
+    /// ~/.pgpass (PGPASSFILE), as for psql; without it they say it all.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// A file holding the connection string (a Docker or Kubernetes secret), instead of
+    /// --database-url; or the systemd credential `database-url`.
+    #[arg(long, env = "DATABASE_URL_FILE")]
+    pub database_url_file: Option<String>,
     /// The outbox table's name (also the NOTIFY channel).
     #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = DEFAULT_TABLE)]
     pub table: String,
@@ -17,13 +24,18 @@ pub struct DbArgs {
 
 impl DbArgs {
     pub fn settings(&self) -> Result<DbSettings, ConfigError> {
-        let url = self
-            .database_url
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| ConfigError::new("--database-url (DATABASE_URL)", "is required"))?;
+        let url = SecretSource {
+            setting: "--database-url (DATABASE_URL)",
+            file_setting: "--database-url-file (DATABASE_URL_FILE)",
+            credential: "database-url",
+        }
+        .resolve(
+            self.database_url.as_deref(),
+            self.database_url_file.as_deref(),
+        )?
+        .filter(|s| !s.trim().is_empty());
         Ok(DbSettings {
-            url: Secret::new(url),
+            url: url.map(Secret::new),
             table: TableName::parse(or_default(&self.table, DEFAULT_TABLE))?,
         })
     }

@@ -1,5 +1,6 @@
 //! How to reach OpenFGA: its URL, the store, the model, credentials and request limits.
 
+use super::secret_file::SecretSource;
 use super::{DEFAULT_API_URL, DEFAULT_MAX_TUPLES, DEFAULT_REQUEST_TIMEOUT, non_empty, or_default};
 use crate::config::{self, Auth, ConfigError, FgaSettings, Secret, StoreRef};
 use clap::Args;
@@ -23,18 +24,30 @@ pub struct FgaArgs {
     /// Preshared key, sent as a Bearer token.
     #[arg(long, env = "FGA_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
+    /// A file holding the preshared key, instead of --api-token; or the systemd credential
+    /// `fga-api-token`.
+    #[arg(long, env = "FGA_API_TOKEN_FILE")]
+    pub api_token_file: Option<String>,
     /// OIDC client credentials: client id.
     #[arg(long, env = "FGA_CLIENT_ID")]
     pub client_id: Option<String>,
     /// OIDC client credentials: client secret.
     #[arg(long, env = "FGA_CLIENT_SECRET", hide_env_values = true)]
     pub client_secret: Option<String>,
+    /// A file holding the client secret, instead of --client-secret; or the systemd credential
+    /// `fga-client-secret`.
+    #[arg(long, env = "FGA_CLIENT_SECRET_FILE")]
+    pub client_secret_file: Option<String>,
     /// OIDC token issuer (host or URL; the token endpoint is /oauth/token unless a path is given).
     #[arg(long, env = "FGA_API_TOKEN_ISSUER")]
     pub api_token_issuer: Option<String>,
     /// OIDC audience.
     #[arg(long, env = "FGA_API_AUDIENCE")]
     pub api_audience: Option<String>,
+    /// OIDC scopes, sent space-separated as the token request's `scope` (repeat the flag, or
+    /// separate them with spaces, as for the fga CLI).
+    #[arg(long, env = "FGA_API_SCOPES")]
+    pub api_scopes: Vec<String>,
     /// One OpenFGA request's limit; past it the attempt counts as a transient failure.
     #[arg(long, env = "FGA_RELAY_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT)]
     pub request_timeout: String,
@@ -71,7 +84,22 @@ impl FgaArgs {
         let model_id = non_empty(&self.model_id)
             .map(|m| config::check_ulid("--model-id (FGA_MODEL_ID)", m))
             .transpose()?;
-        let auth = match (non_empty(&self.api_token), non_empty(&self.client_id)) {
+        let api_token = SecretSource {
+            setting: "--api-token (FGA_API_TOKEN)",
+            file_setting: "--api-token-file (FGA_API_TOKEN_FILE)",
+            credential: "fga-api-token",
+        }
+        .resolve(self.api_token.as_deref(), self.api_token_file.as_deref())?;
+        let client_secret = SecretSource {
+            setting: "--client-secret (FGA_CLIENT_SECRET)",
+            file_setting: "--client-secret-file (FGA_CLIENT_SECRET_FILE)",
+            credential: "fga-client-secret",
+        }
+        .resolve(
+            self.client_secret.as_deref(),
+            self.client_secret_file.as_deref(),
+        )?;
+        let auth = match (non_empty(&api_token), non_empty(&self.client_id)) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
                     "--api-token (FGA_API_TOKEN)",
@@ -80,10 +108,10 @@ impl FgaArgs {
             }
             (Some(token), None) => Auth::ApiToken(Secret::new(token)),
             (None, Some(client_id)) => {
-                let secret = non_empty(&self.client_secret).ok_or_else(|| {
+                let secret = non_empty(&client_secret).ok_or_else(|| {
                     ConfigError::new(
                         "--client-secret (FGA_CLIENT_SECRET)",
-                        "is required with FGA_CLIENT_ID",
+                        "is required with FGA_CLIENT_ID (or FGA_CLIENT_SECRET_FILE)",
                     )
                 })?;
                 let issuer = non_empty(&self.api_token_issuer).ok_or_else(|| {
@@ -97,6 +125,7 @@ impl FgaArgs {
                     client_secret: Secret::new(secret),
                     token_issuer: token_endpoint(issuer)?,
                     audience: non_empty(&self.api_audience).map(str::to_owned),
+                    scopes: scopes(&self.api_scopes),
                 }
             }
             (None, None) => Auth::None,
@@ -130,6 +159,13 @@ impl FgaArgs {
             ca_file,
         })
     }
+}
+
+/// `--api-scopes a --api-scopes "b c"` (or `FGA_API_SCOPES="a b c"`) as the token request's
+/// `scope`: `a b c`, as the fga CLI sends them.
+fn scopes(given: &[String]) -> Option<String> {
+    let all: Vec<&str> = given.iter().flat_map(|s| s.split_whitespace()).collect();
+    (!all.is_empty()).then(|| all.join(" "))
 }
 
 /// The token endpoint for `FGA_API_TOKEN_ISSUER`, as the OpenFGA SDKs build it: a bare host gets

@@ -9,6 +9,7 @@ mod db;
 mod delivery;
 mod fga;
 mod relay;
+mod secret_file;
 
 pub use db::DbArgs;
 pub use delivery::DeliveryArgs;

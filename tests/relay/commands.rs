@@ -216,3 +216,41 @@ async fn status_retry_and_prune() {
     let out = env.command(&["status"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("pending    2"));
 }
+
+/// `--help` of every command ends with an example of it, and lists the values a flag takes
+/// where there are few (the log format, reconcile's --read-by).
+#[test]
+fn every_command_helps_with_an_example_and_possible_values() {
+    let help = |args: &[&str]| -> String {
+        let out = crate::common::relay::command(std::path::Path::new(BIN), args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for cmd in [
+        "migrate",
+        "sql",
+        "run",
+        "drain",
+        "status",
+        "retry",
+        "prune",
+        "reconcile",
+    ] {
+        let text = help(&[cmd, "--help"]);
+        let example = text
+            .split("Examples:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{cmd} --help has no example:\n{text}"));
+        assert!(
+            example.contains(&format!("fga-relay {cmd}")),
+            "{cmd}'s example runs it:\n{text}"
+        );
+        assert!(
+            text.contains("[possible values: text, json]"),
+            "{cmd}: the log formats:\n{text}"
+        );
+    }
+    assert!(help(&["reconcile", "--help"]).contains("[possible values: auto, store,"));
+}

@@ -456,6 +456,8 @@ struct IssuerState {
     issued: usize,
     /// Requests the OpenFGA stand-in refused (expired or revoked token).
     refused: usize,
+    /// The `scope` of each token request, as received.
+    scopes: Vec<Option<String>>,
 }
 
 /// A token issuer of the test's own: `POST /oauth/token`, form-encoded, client credentials.
@@ -498,6 +500,10 @@ impl TokenIssuer {
         self.state().refused
     }
 
+    fn scopes(&self) -> Vec<Option<String>> {
+        self.state().scopes.clone()
+    }
+
     /// Rotates: every token handed out so far stops being valid.
     fn revoke_all(&self) {
         self.state().valid.clear();
@@ -538,6 +544,7 @@ async fn issue(
     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
     s.requests += 1;
     let field = |k: &str| form.get(k).map(String::as_str);
+    s.scopes.push(field("scope").map(str::to_owned));
     if field("grant_type") != Some("client_credentials") {
         return (
             StatusCode::BAD_REQUEST,
@@ -617,6 +624,52 @@ async fn oidc_token_is_fetched_once_and_sent() {
             .collect::<Vec<_>>()
     );
     assert!(!relay.logs().contains(CLIENT_SECRET));
+}
+
+/// `FGA_API_SCOPES` and `--api-scopes` reach the issuer as the token request's `scope`,
+/// space-separated as the fga CLI sends them; the client secret may be a file (`_FILE`, or the
+/// systemd credential `fga-client-secret`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_scopes_are_sent_and_the_secret_may_be_a_file() {
+    let issuer = TokenIssuer::start(3600);
+    let env = oidc_env(&issuer).await;
+    let dir = std::env::temp_dir().join(format!("oidc-scopes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret_file = dir.join("fga-client-secret");
+    std::fs::write(&secret_file, format!("{CLIENT_SECRET}\n")).unwrap();
+    let mut vars = issuer.vars(CLIENT_SECRET);
+    vars.retain(|(k, _)| *k != "FGA_CLIENT_SECRET");
+
+    let mut with_file = vars.clone();
+    with_file.push(("FGA_CLIENT_SECRET_FILE", secret_file.display().to_string()));
+    with_file.push(("FGA_API_SCOPES", "read:tuples  write:tuples".to_owned()));
+    let relay = spawn_with(&env, &with_file);
+    relay.wait_for_log("delivering (leader)").await;
+    deliver_one_by_one(&env, 1, Duration::ZERO).await;
+    assert_eq!(
+        issuer.scopes(),
+        [Some("read:tuples write:tuples".to_owned())]
+    );
+    drop(relay);
+
+    let id = env.insert(a_row(1)).await;
+    let mut c = env.command(&[
+        "drain",
+        "--timeout",
+        "20s",
+        "--api-scopes",
+        "a",
+        "--api-scopes",
+        "b c",
+    ]);
+    c.envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("CREDENTIALS_DIRECTORY", &dir);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(env.row(id).await.delivered);
+    assert_eq!(issuer.scopes().last(), Some(&Some("a b c".to_owned())));
+    assert!(!stderr_of(&out).contains(CLIENT_SECRET));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A token that lives 2 s is replaced at half its life: across 5 s of writes OpenFGA never sees

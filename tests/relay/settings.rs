@@ -1,7 +1,7 @@
 //! Bad settings stop the binary at once with exit status 2 and one line naming the setting;
 //! secrets never reach a log line.
 
-use crate::common::pg::{PgOptions, TestDb};
+use crate::common::pg::TestDb;
 use crate::common::relay::{BIN, Env, assert_success, tk, writes};
 use std::process::Command;
 
@@ -69,7 +69,7 @@ async fn bad_settings_exit_2_naming_the_setting() {
             Some("0"),
             "FGA_MAX_TUPLES_PER_WRITE",
         ),
-        ("DATABASE_URL", None, "DATABASE_URL"),
+        ("DATABASE_URL", Some("postgres://[bad"), "DATABASE_URL"),
         (
             "FGA_OUTBOX_TABLE",
             Some("no such table"),
@@ -190,25 +190,8 @@ async fn a_relay_started_before_postgres_waits_for_it() {
 /// and never puts it in any log line, at any level: the logs say where, not how.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_form_of_database_url_puts_its_password_in_a_log_line() {
-    let db = TestDb::start_with(PgOptions {
-        tcp: true,
-        hba: vec![
-            "local all all trust".to_owned(),
-            "host all all 127.0.0.1/32 scram-sha-256".to_owned(),
-        ],
-        ..PgOptions::default()
-    });
-    let port = db.tcp_port().expect("a TCP port");
-    let env = Env {
-        db,
-        fga: crate::common::fga::FakeFga::start(),
-    };
-    assert_success(&env.command(&["migrate"]).output().unwrap(), "migrate");
+    let (env, port) = crate::libpq::password_checked(crate::common::fga::FakeFga::start()).await;
     let admin = env.db.connect().await;
-    admin
-        .batch_execute("CREATE ROLE relay LOGIN SUPERUSER")
-        .await
-        .unwrap();
     let base = format!("host=127.0.0.1 port={port} user=relay dbname=postgres");
     // (DATABASE_URL, the password the server knows, what must never be logged)
     let forms: Vec<(String, &str, Vec<&str>)> = vec![

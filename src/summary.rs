@@ -1,0 +1,164 @@
+//! What a running relay says at info while it works, for operators who watch `journalctl` or a
+//! log collector rather than /metrics: a summary line every interval (a minute) in which
+//! anything happened, an idle line every ten intervals otherwise, and a warning when the oldest
+//! pending row waits longer than `--pending-age-warn`, and again when it no longer does.
+//!
+//! Counts come from the metrics' counters (this process's work since the last line); pending,
+//! the oldest pending row's age and dead rows from the table (every relay sees the same).
+
+use crate::metrics::{ClassLabel, Metrics};
+use crate::store::Store;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// An idle relay says so once every this many intervals.
+const IDLE_EVERY: u32 = 10;
+
+const CLASSES: [&str; 3] = ["transient", "permanent", "configuration"];
+
+#[derive(Clone, Copy, Debug)]
+pub struct SummarySettings {
+    /// Between two summary lines (and two checks of the oldest pending row's age).
+    pub interval: Duration,
+    /// The oldest pending row waiting longer than this is warned about.
+    pub pending_age_warn: Duration,
+}
+
+/// This process's counters at one moment.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+struct Counts {
+    rows: u64,
+    tuples: u64,
+    writes: u64,
+    failed: [u64; 3],
+    dead_lettered: u64,
+}
+
+impl Counts {
+    fn read(m: &Metrics) -> Counts {
+        Counts {
+            rows: m.rows_delivered.get(),
+            tuples: m.tuples_delivered.get(),
+            writes: m.writes_sent.get(),
+            failed: CLASSES.map(|class| {
+                m.failed_attempts
+                    .get(&ClassLabel { class })
+                    .map_or(0, |c| c.get())
+            }),
+            dead_lettered: m.rows_dead_lettered.get(),
+        }
+    }
+
+    fn since(self, before: Counts) -> Counts {
+        Counts {
+            rows: self.rows.saturating_sub(before.rows),
+            tuples: self.tuples.saturating_sub(before.tuples),
+            writes: self.writes.saturating_sub(before.writes),
+            failed: [0, 1, 2].map(|i| self.failed[i].saturating_sub(before.failed[i])),
+            dead_lettered: self.dead_lettered.saturating_sub(before.dead_lettered),
+        }
+    }
+}
+
+/// A duration for a log line, to the millisecond, without spaces (`1m3s250ms`), so that a log
+/// collector reads it as one `key=value`.
+fn short(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
+        .to_string()
+        .replace(' ', "")
+}
+
+/// Logs until `shutdown`.
+pub async fn run(
+    metrics: Metrics,
+    store: Store,
+    settings: SummarySettings,
+    shutdown: CancellationToken,
+) {
+    let mut last = Counts::read(&metrics);
+    let mut idle_intervals = 0;
+    let mut too_old = false;
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + settings.interval,
+        settings.interval,
+    );
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let now = Counts::read(&metrics);
+        let did = now.since(last);
+        last = now;
+        let latency = metrics.delivery_latency_seconds.take();
+        let table = match store.status_pending().await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                debug!(error = %e, "summary: cannot count pending rows");
+                None
+            }
+        };
+        let pending = table.map(|t| t.pending.to_string());
+        let dead = table.map(|t| t.dead.to_string());
+        let oldest = table
+            .and_then(|t| t.oldest_pending_age_seconds)
+            .map(|s| Duration::from_secs_f64(s.max(0.0)));
+        let oldest_text = oldest.map_or_else(|| "-".to_owned(), short);
+        let unknown = || "?".to_owned();
+
+        if did != Counts::default() {
+            idle_intervals = 0;
+            info!(
+                over = %short(settings.interval),
+                delivered = did.rows,
+                tuples = did.tuples,
+                writes = did.writes,
+                failed_transient = did.failed[0],
+                failed_permanent = did.failed[1],
+                failed_configuration = did.failed[2],
+                dead_lettered = did.dead_lettered,
+                pending = %pending.clone().unwrap_or_else(unknown),
+                oldest_pending_age = %oldest_text,
+                dead = %dead.clone().unwrap_or_else(unknown),
+                latency_p50 = %latency.map_or_else(|| "-".to_owned(), |p| short(p.p50)),
+                latency_p99 = %latency.map_or_else(|| "-".to_owned(), |p| short(p.p99)),
+                "summary"
+            );
+        } else {
+            idle_intervals += 1;
+            if idle_intervals >= IDLE_EVERY {
+                idle_intervals = 0;
+                info!(
+                    over = %short(settings.interval * IDLE_EVERY),
+                    pending = %pending.clone().unwrap_or_else(unknown),
+                    oldest_pending_age = %oldest_text,
+                    dead = %dead.clone().unwrap_or_else(unknown),
+                    "idle: nothing delivered"
+                );
+            }
+        }
+
+        // Unknown (the table could not be read) changes nothing: no warning, no recovery.
+        if table.is_some() {
+            let now_too_old = oldest.is_some_and(|age| age > settings.pending_age_warn);
+            if now_too_old && !too_old {
+                warn!(
+                    oldest_pending_age = %oldest_text,
+                    threshold = %short(settings.pending_age_warn),
+                    pending = %pending.clone().unwrap_or_else(unknown),
+                    "pending rows are waiting too long"
+                );
+            } else if too_old && !now_too_old {
+                warn!(
+                    oldest_pending_age = %oldest_text,
+                    threshold = %short(settings.pending_age_warn),
+                    pending = %pending.unwrap_or_else(unknown),
+                    "pending rows no longer wait too long"
+                );
+            }
+            too_old = now_too_old;
+        }
+    }
+}
