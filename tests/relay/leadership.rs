@@ -597,6 +597,11 @@ async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_i
         ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
         ("FGA_RELAY_LEADER_LEASE", "3s"),
         ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+        // One Write at a time: what is tested is the check before a Write leaves. With several
+        // in flight, a stop that falls between one Write's check and its first byte lets that
+        // Write go when the process is continued (no check can close that instant; the README
+        // says so), and the stop here lands among sixteen of them.
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
     ];
     env.fga.push_fault(FaultRule::times(
         Fault::Delay(Duration::from_millis(300)),
