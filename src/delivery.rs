@@ -64,6 +64,12 @@ use tracing::{debug, error, warn};
 
 /// Backoff of the whole relay after a failure that looks like an outage. Capped low so that
 /// delivery resumes within a couple of seconds of OpenFGA coming back.
+/// How old the pass's go-ahead may be when a Write leaves. A relay stopped (SIGSTOP, a hung
+/// host) between the go-ahead and the Write finds, when continued, that more time than this
+/// has passed, and does not send: the lease the go-ahead was judged by may have run out and
+/// another relay may lead. A go-ahead that is merely slow under load costs a retry, no more.
+const STALE_ANSWER: Duration = Duration::from_millis(500);
+
 pub const OUTAGE_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 /// Backoff of the whole relay after a configuration error: only the operator can fix it, so
@@ -260,8 +266,15 @@ impl Flight {
         // The pass's `keep_going` (shutdown, the leader's lease by its own clock) is asked
         // again right before the Write leaves: the lock took a round trip since the Write was
         // planned, and a relay stopped (SIGSTOP) meanwhile may no longer lead when it resumes.
+        // An answer that took longer than STALE_ANSWER to come back is not trusted: the
+        // process may have been stopped after the pass said yes, and the lease it judged by
+        // may have run out since.
+        let asked_at = Instant::now();
         let (reply, answer) = oneshot::channel();
-        if ask.send(reply).is_err() || !answer.await.unwrap_or(false) {
+        if ask.send(reply).is_err()
+            || !answer.await.unwrap_or(false)
+            || asked_at.elapsed() > STALE_ANSWER
+        {
             conn.batch_execute("ROLLBACK").await?;
             tx.finish();
             return Ok(Answer::Deferred);
