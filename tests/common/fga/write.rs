@@ -299,27 +299,13 @@ impl Shared {
                 req.deletes.as_ref().map_or("", |l| l.option),
             )
         };
-        let ignore_duplicates = match on_duplicate {
-            "" | "error" => false,
-            "ignore" => true,
-            other => {
-                return Reply::encoded(
-                    400,
-                    "validation_error",
-                    &format!("invalid on_duplicate option: {other}"),
-                );
-            }
+        let ignore_duplicates = match ignore_option("on_duplicate", on_duplicate) {
+            Ok(b) => b,
+            Err(reply) => return reply,
         };
-        let ignore_missing = match on_missing {
-            "" | "error" => false,
-            "ignore" => true,
-            other => {
-                return Reply::encoded(
-                    400,
-                    "validation_error",
-                    &format!("invalid on_missing option: {other}"),
-                );
-            }
+        let ignore_missing = match ignore_option("on_missing", on_missing) {
+            Ok(b) => b,
+            Err(reply) => return reply,
         };
         // Step 10: the transaction. Conditions are canonicalised before taking the lock.
         let conditions: Vec<Option<(Arc<Cond>, bool)>> = writes
@@ -424,5 +410,19 @@ impl Shared {
         drop(state);
         // OpenFGA's answer to a successful Write: 200 `{}`.
         Reply::json(200, "{}")
+    }
+}
+
+/// `on_duplicate` / `on_missing`: absent or `error` is strict, `ignore` is lenient, anything else
+/// is OpenFGA's validation error naming the option.
+fn ignore_option(name: &str, value: &str) -> Result<bool, Reply> {
+    match value {
+        "" | "error" => Ok(false),
+        "ignore" => Ok(true),
+        other => Err(Reply::encoded(
+            400,
+            "validation_error",
+            &format!("invalid {name} option: {other}"),
+        )),
     }
 }
