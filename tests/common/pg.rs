@@ -445,3 +445,16 @@ fn copy_dir(from: &Path, to: &Path) {
 /// How long tests wait for something that should happen promptly. Generous: the machines that
 /// run the tests are shared and noisy; a condition that holds returns at once anyway.
 pub const PROMPTLY: Duration = Duration::from_secs(10);
+
+/// `SELECT count(*) …` (or any one-bigint query) on `client`.
+pub async fn count(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> i64 {
+    client
+        .query_one(sql, params)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
+}

@@ -480,15 +480,13 @@ async fn a_row_another_session_held_is_delivered_without_the_sweep() {
     let admin = env.db.connect().await;
     // The relay has passed over the row and gone to sleep: it holds the wake lock.
     wait_until(PROMPTLY, "the relay sleeps", || async {
-        admin
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+        crate::common::pg::count(
+            &admin,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND classid = 1718051121",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
+            &[],
+        )
+        .await
             == 1
     })
     .await;

@@ -160,14 +160,7 @@ async fn the_libpq_environment_stands_alone_and_fills_what_the_url_leaves_out() 
     relay.wait_for_log("delivering (leader)").await;
     let admin = env.db.connect().await;
     wait_until(Duration::from_secs(20), "a session named by PGAPPNAME", || async {
-        admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'billing-relay listener'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
+        crate::common::pg::count(&admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'billing-relay listener'", &[]).await
             == 1
     })
     .await;

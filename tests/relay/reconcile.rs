@@ -411,15 +411,13 @@ async fn rows_in_flight_are_waited_for_and_tuples_changed_meanwhile_are_not_judg
         crate::common::pg::PROMPTLY,
         "reconcile waits for the open transaction",
         || async {
-            watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
+            crate::common::pg::count(
+                &watcher,
+                "SELECT count(*) FROM pg_stat_activity \
                      WHERE application_name = 'fga-relay reconcile' AND query LIKE '%virtualxid%'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
+                &[],
+            )
+            .await
                 > 0
         },
     )

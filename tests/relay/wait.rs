@@ -248,14 +248,7 @@ async fn a_waiting_call_holds_no_lock_on_the_table() {
     let waiting = tokio::spawn(async move { wait_for(&waiter, &[id], "8s").await });
     let admin = env.db.connect().await;
     wait_until(PROMPTLY, "the wait is under way", || async {
-        admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%fga_outbox_wait%'",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
+        crate::common::pg::count(&admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%fga_outbox_wait%'", &[&pid]).await
             == 1
     })
     .await;
