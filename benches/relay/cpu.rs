@@ -3,16 +3,7 @@
 
 use std::time::Instant;
 
-/// The machine's load averages: the machine may be shared, and what else runs shows in every
-/// number.
-pub(crate) fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
+pub(crate) use crate::common::load::loadavg;
 
 pub(crate) struct ProcStat {
     pub(crate) ppid: u32,

@@ -26,6 +26,7 @@
 #[allow(dead_code)]
 mod common {
     pub mod fga;
+    pub mod load;
     pub mod metrics;
     pub mod pg;
     pub mod relay;

@@ -13,6 +13,7 @@
 //! - `spin`, for the latency floor only: never sleeps.
 
 use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::load::loadavg;
 use crate::common::pg::{PgOptions, TestDb};
 use crate::common::relay::{BIN, Env, RelayProc, insert_with, tk, writes};
 use crate::wait::wait_for;
@@ -60,15 +61,6 @@ fn candidate_sql(name: &str) -> String {
         _ => unreachable!(),
     }
     sql
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// The time a process spent on a CPU, in seconds (`/proc/<pid>/schedstat`, in nanoseconds:
