@@ -138,6 +138,18 @@ impl Plan {
     fn into_rows(self) -> Vec<Candidate> {
         self.rows.into_iter().map(|(c, _)| c).collect()
     }
+
+    /// The operations this Write carries, in order: borrowed from the rows, not copied.
+    fn ops(&self) -> Vec<&Op> {
+        self.rows
+            .iter()
+            .flat_map(|(c, idx)| idx.iter().map(|&i| &c.ops[i]))
+            .collect()
+    }
+
+    fn n_ops(&self) -> usize {
+        self.rows.iter().map(|(_, idx)| idx.len()).sum()
+    }
 }
 
 /// One Write on its way: its rows, every tuple they touch (no other Write in flight may touch
@@ -147,8 +159,6 @@ struct Flight {
     keys: Vec<u64>,
     /// Rows all of whose operations this Write applies: marked delivered in its transaction.
     complete: Vec<i64>,
-    ops: Vec<Op>,
-    n_ops: usize,
 }
 
 /// When OpenFGA asked (`Retry-After`) that no Write be sent before: set by the Write that got
@@ -198,18 +208,10 @@ impl Flight {
             })
             .map(|(c, _)| c.id)
             .collect();
-        let ops: Vec<Op> = plan
-            .rows
-            .iter()
-            .flat_map(|(c, idx)| idx.iter().map(|&i| c.ops[i].clone()))
-            .collect();
-        let n_ops = ops.len();
         Flight {
             plan,
             keys,
             complete,
-            ops,
-            n_ops,
         }
     }
 
@@ -279,7 +281,7 @@ impl Flight {
             tx.finish();
             return Ok(Answer::Deferred);
         }
-        let ops: Vec<&Op> = self.ops.iter().collect();
+        let ops = self.plan.ops();
         let started = Instant::now();
         let result = client.write(&ops).await;
         let outcome = match &result {
@@ -667,7 +669,8 @@ impl Deliverer {
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
     ) -> Result<Flow, StoreError> {
-        let Flight { plan, n_ops, .. } = flight;
+        let Flight { plan, .. } = flight;
+        let n_ops = plan.n_ops();
         match answer? {
             Answer::Deferred => {
                 Self::requeue(queue, plan.into_rows());

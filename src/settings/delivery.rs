@@ -22,8 +22,8 @@ pub struct DeliveryArgs {
     /// timeout.
     #[arg(long, env = "FGA_RELAY_LEADER_LEASE", default_value = DEFAULT_LEADER_LEASE)]
     pub leader_lease: String,
-    /// Attempts, while other rows are delivered, after which a row failing transiently is
-    /// dead-lettered.
+    /// Strikes after which a row failing transiently is dead-lettered: failures of the row alone
+    /// while nearly all other Writes succeed (an outage or throttling is never a strike).
     #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: String,
     /// Rows read at a time to plan Writes.

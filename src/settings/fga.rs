@@ -48,7 +48,8 @@ pub struct FgaArgs {
     /// separate them with spaces, as for the fga CLI).
     #[arg(long, env = "FGA_API_SCOPES")]
     pub api_scopes: Vec<String>,
-    /// One OpenFGA request's limit; past it the attempt counts as a transient failure.
+    /// One OpenFGA call's limit (for a Write, its token fetch and the retry after a 401
+    /// included); past it the attempt counts as a transient failure.
     #[arg(long, env = "FGA_RELAY_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT)]
     pub request_timeout: String,
     /// The server's limit of tuples per Write.
