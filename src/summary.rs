@@ -55,7 +55,7 @@ impl Counts {
             rows: self.rows.saturating_sub(before.rows),
             tuples: self.tuples.saturating_sub(before.tuples),
             writes: self.writes.saturating_sub(before.writes),
-            failed: [0, 1, 2].map(|i| self.failed[i].saturating_sub(before.failed[i])),
+            failed: std::array::from_fn(|i| self.failed[i].saturating_sub(before.failed[i])),
             dead_lettered: self.dead_lettered.saturating_sub(before.dead_lettered),
         }
     }
@@ -100,13 +100,13 @@ pub async fn run(
                 None
             }
         };
-        let pending = table.map(|t| t.pending.to_string());
-        let dead = table.map(|t| t.dead.to_string());
+        // "?" when the table could not be read.
+        let pending = table.map_or_else(|| "?".to_owned(), |t| t.pending.to_string());
+        let dead = table.map_or_else(|| "?".to_owned(), |t| t.dead.to_string());
         let oldest = table
             .and_then(|t| t.oldest_pending_age_seconds)
             .map(|s| Duration::from_secs_f64(s.max(0.0)));
         let oldest_text = oldest.map_or_else(|| "-".to_owned(), short);
-        let unknown = || "?".to_owned();
 
         if did != Counts::default() {
             idle_intervals = 0;
@@ -119,9 +119,9 @@ pub async fn run(
                 failed_permanent = did.failed[1],
                 failed_configuration = did.failed[2],
                 dead_lettered = did.dead_lettered,
-                pending = %pending.clone().unwrap_or_else(unknown),
+                pending = %pending,
                 oldest_pending_age = %oldest_text,
-                dead = %dead.clone().unwrap_or_else(unknown),
+                dead = %dead,
                 latency_p50 = %latency.map_or_else(|| "-".to_owned(), |p| short(p.p50)),
                 latency_p99 = %latency.map_or_else(|| "-".to_owned(), |p| short(p.p99)),
                 "summary"
@@ -132,9 +132,9 @@ pub async fn run(
                 idle_intervals = 0;
                 info!(
                     over = %short(settings.interval * IDLE_EVERY),
-                    pending = %pending.clone().unwrap_or_else(unknown),
+                    pending = %pending,
                     oldest_pending_age = %oldest_text,
-                    dead = %dead.clone().unwrap_or_else(unknown),
+                    dead = %dead,
                     "idle: nothing delivered"
                 );
             }
@@ -147,14 +147,14 @@ pub async fn run(
                 warn!(
                     oldest_pending_age = %oldest_text,
                     threshold = %short(settings.pending_age_warn),
-                    pending = %pending.clone().unwrap_or_else(unknown),
+                    pending = %pending,
                     "pending rows are waiting too long"
                 );
             } else if too_old && !now_too_old {
                 warn!(
                     oldest_pending_age = %oldest_text,
                     threshold = %short(settings.pending_age_warn),
-                    pending = %pending.unwrap_or_else(unknown),
+                    pending = %pending,
                     "pending rows no longer wait too long"
                 );
             }
