@@ -51,6 +51,7 @@ use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, WriteError};
 use crate::payload::{Op, Payload, TupleKey};
+use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
 use deadpool_postgres::GenericClient;
 use std::collections::hash_map::DefaultHasher;
@@ -64,12 +65,6 @@ use tracing::{debug, error, warn};
 
 /// Backoff of the whole relay after a failure that looks like an outage. Capped low so that
 /// delivery resumes within a couple of seconds of OpenFGA coming back.
-/// How old the pass's go-ahead may be when a Write leaves. A relay stopped (SIGSTOP, a hung
-/// host) between the go-ahead and the Write finds, when continued, that more time than this
-/// has passed, and does not send: the lease the go-ahead was judged by may have run out and
-/// another relay may lead. A go-ahead that is merely slow under load costs a retry, no more.
-const STALE_ANSWER: Duration = Duration::from_millis(500);
-
 pub const OUTAGE_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 /// Backoff of the whole relay after a configuration error: only the operator can fix it, so
@@ -219,26 +214,20 @@ impl Flight {
     /// flight and, when OpenFGA accepts it, marks the rows it completes delivered. So rows are
     /// marked as their Writes are answered, and a crash leaves at most the Writes in flight to
     /// send again.
-    async fn fly(
-        self,
-        store: Store,
-        client: Arc<FgaClient>,
-        metrics: Metrics,
-        gate: Gate,
-        ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
-    ) -> (Flight, Result<Answer, StoreError>) {
-        let answer = self.send(&store, &client, &metrics, &gate, &ask).await;
+    async fn fly(self, crew: Crew) -> (Flight, Result<Answer, StoreError>) {
+        let answer = self.send(&crew).await;
         (self, answer)
     }
 
-    async fn send(
-        &self,
-        store: &Store,
-        client: &FgaClient,
-        metrics: &Metrics,
-        gate: &Gate,
-        ask: &mpsc::UnboundedSender<oneshot::Sender<bool>>,
-    ) -> Result<Answer, StoreError> {
+    async fn send(&self, crew: &Crew) -> Result<Answer, StoreError> {
+        let Crew {
+            store,
+            client,
+            metrics,
+            gate,
+            ask,
+            window,
+        } = crew;
         if gate.is_closed() {
             return Ok(Answer::Deferred);
         }
@@ -265,25 +254,25 @@ impl Flight {
             }
             return Ok(Answer::Deferred);
         }
-        // The pass's `keep_going` (shutdown, the leader's lease by its own clock) is asked
-        // again right before the Write leaves: the lock took a round trip since the Write was
-        // planned, and a relay stopped (SIGSTOP) meanwhile may no longer lead when it resumes.
-        // An answer that took longer than STALE_ANSWER to come back is not trusted: the
-        // process may have been stopped after the pass said yes, and the lease it judged by
-        // may have run out since.
-        let asked_at = Instant::now();
+        // The pass's `keep_going` (shutdown, the lease) is asked again before the Write goes:
+        // the lock took a round trip since the Write was planned. The lease is asked once more
+        // by the Write's body, as the connection writes it (see `send_window`).
         let (reply, answer) = oneshot::channel();
-        if ask.send(reply).is_err()
-            || !answer.await.unwrap_or(false)
-            || asked_at.elapsed() > STALE_ANSWER
-        {
+        if ask.send(reply).is_err() || !answer.await.unwrap_or(false) {
             conn.batch_execute("ROLLBACK").await?;
             tx.finish();
             return Ok(Answer::Deferred);
         }
         let ops = self.plan.ops();
         let started = Instant::now();
-        let result = client.write(&ops).await;
+        let result = client.write(&ops, window).await;
+        if result.is_err() && !window.is_open() {
+            // The lease ran out meanwhile: whatever became of the Write, the next leader sends
+            // its rows again after the fence. Nothing to hold against them.
+            conn.batch_execute("ROLLBACK").await?;
+            tx.finish();
+            return Ok(Answer::Deferred);
+        }
         let outcome = match &result {
             Ok(()) => "ok",
             Err(e) => e.class().as_str(),
@@ -308,6 +297,18 @@ impl Flight {
         tx.finish();
         Ok(Answer::Sent(result))
     }
+}
+
+/// What every Write of a pass goes with: the database, OpenFGA, the metrics, the `Retry-After`
+/// gate, the way back to the pass's `keep_going`, and the lease's send window.
+#[derive(Clone)]
+struct Crew {
+    store: Store,
+    client: Arc<FgaClient>,
+    metrics: Metrics,
+    gate: Gate,
+    ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
+    window: SendWindow,
 }
 
 /// A pooled connection with a Write's transaction open on it. Unless [`WriteTx::finish`]ed
@@ -487,7 +488,12 @@ impl Deliverer {
     /// [`Deliverer::window`] Writes in flight. `keep_going` is asked when a Write is planned and
     /// again right before it leaves (its rows locked); when it says no, the pass sends nothing
     /// more, waits for the Writes in flight, and stops.
-    pub async fn pass(&mut self, keep_going: &dyn Fn() -> bool) -> Result<PassReport, StoreError> {
+    /// Writes leave only while `window` is open (the leader's lease).
+    pub async fn pass(
+        &mut self,
+        keep_going: &dyn Fn() -> bool,
+        window: &SendWindow,
+    ) -> Result<PassReport, StoreError> {
         let mut report = PassReport::default();
         let mut blocked: HashSet<u64> = HashSet::new();
         let mut queue: BTreeMap<i64, Candidate> = BTreeMap::new();
@@ -504,6 +510,14 @@ impl Deliverer {
         let gate = Gate::default();
         // Writes about to leave ask here whether they still may (see `Flight::send`).
         let (ask, mut asked) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
+        let crew = Crew {
+            store: self.store.clone(),
+            client: self.client.clone(),
+            metrics: self.metrics.clone(),
+            gate: gate.clone(),
+            ask,
+            window: window.clone(),
+        };
         loop {
             if gate.is_closed() {
                 launching = false;
@@ -545,13 +559,7 @@ impl Deliverer {
                     *in_flight.entry(*h).or_default() += 1;
                 }
                 report.writes += 1;
-                flights.spawn(flight.fly(
-                    self.store.clone(),
-                    self.client.clone(),
-                    self.metrics.clone(),
-                    gate.clone(),
-                    ask.clone(),
-                ));
+                flights.spawn(flight.fly(crew.clone()));
                 self.metrics.writes_in_flight.set(flights.len() as i64);
             }
             let joined = tokio::select! {

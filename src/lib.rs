@@ -23,6 +23,8 @@
 //! - [`delivery`]: one pass over the pending rows: batching, the per-tuple order rule, retries,
 //!   isolation of bad rows, dead letters.
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
+//! - [`send_window`]: until when a Write may leave (the lease by the leader's own clock),
+//!   asked by each Write's body as the connection writes it.
 //! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence.
 //! - [`relay`]: the `run` and `drain` loops around delivery passes.
 //! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the
@@ -51,6 +53,7 @@ pub mod payload;
 pub mod reconcile;
 pub mod relay;
 pub mod schema;
+pub mod send_window;
 pub mod settings;
 pub mod shutdown;
 pub mod store;

@@ -14,8 +14,9 @@
 
 use crate::leadership::{Backend, Lease, Taken};
 use crate::schema::{LEADER_LOCK_CLASS, WAKE_LOCK_CLASS};
+use crate::send_window::SendWindow;
 use std::future::poll_fn;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -40,13 +41,9 @@ pub struct Session {
     backend: Backend,
     lease: Arc<Lease>,
     /// While leading: until when this relay may send, by its own clock.
-    term: Arc<Mutex<Option<Instant>>>,
+    /// Until when a Write may leave: the lease by our own clock (see `send_window`).
+    term: SendWindow,
     tasks: Vec<JoinHandle<()>>,
-}
-
-/// The guarded value, also after a panic elsewhere (the data is a plain value, never half-made).
-fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What a session is for.
@@ -113,7 +110,7 @@ impl Session {
             })
         };
 
-        let term: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let term = SendWindow::default();
         let heartbeat = {
             let client = client.clone();
             let lost = lost.clone();
@@ -127,7 +124,7 @@ impl Session {
                         _ = lost.cancelled() => return,
                     }
                     let sent = Instant::now();
-                    let leading = locked(&term).is_some();
+                    let leading = term.end().is_some();
                     let check = async {
                         if leading {
                             lease.renew(&client).await.map(Some)
@@ -138,13 +135,10 @@ impl Session {
                     match tokio::time::timeout(every, check).await {
                         Ok(Ok(None)) => {}
                         Ok(Ok(Some(true))) => {
-                            let mut t = locked(&term);
-                            if t.is_some() {
-                                *t = Some(sent + lease.lease - lease.margin);
-                            }
+                            term.extend_to(sent + lease.lease - lease.margin);
                         }
                         Ok(Ok(Some(false))) => {
-                            if locked(&term).is_some() {
+                            if term.end().is_some() {
                                 warn!("another relay has taken over leadership");
                                 lost.cancel();
                                 return;
@@ -243,15 +237,20 @@ impl Session {
         }
         let sent = Instant::now();
         let taken = self.lease.take(&self.client).await?;
-        *locked(&self.term) = Some(sent + self.lease.lease - self.lease.margin);
+        self.term
+            .open_until(sent + self.lease.lease - self.lease.margin);
         Ok(Some(taken))
+    }
+
+    /// Until when this session's Writes may leave; give it to every Write sent under its lease.
+    pub fn send_window(&self) -> &SendWindow {
+        &self.term
     }
 
     /// Whether this session leads and its lease still holds by our own clock. Past its end the
     /// session counts as lost at once: another relay may have ended it and be delivering.
     pub fn lease_valid(&self) -> bool {
-        let until = *locked(&self.term);
-        match until {
+        match self.term.end() {
             Some(until) if Instant::now() < until => true,
             Some(_) => {
                 if !self.lost.is_cancelled() {
@@ -270,7 +269,7 @@ impl Session {
         &self,
         inherited: Option<SystemTime>,
     ) -> Result<(), tokio_postgres::Error> {
-        *locked(&self.term) = None;
+        self.term.close();
         self.lease.release(&self.client, inherited).await?;
         self.unlock(LEADER_LOCK_CLASS).await
     }

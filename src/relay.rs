@@ -223,7 +223,7 @@ impl Relay {
     ) -> Option<Result<PassReport, StoreError>> {
         let grace = self.delivery.fence(self.fga.request_timeout);
         tokio::select! {
-            r = deliverer.pass(keep_going) => Some(r),
+            r = deliverer.pass(keep_going, session.send_window()) => Some(r),
             _ = async {
                 session.lost().cancelled().await;
                 tokio::time::sleep(grace).await;

@@ -3,11 +3,13 @@
 
 use super::auth::{Credentials, TokenError};
 use super::classify::{WriteError, classify, error_chain, excerpt, redirected};
+use super::guarded_body::GuardedBody;
 use super::read_page::{MAX_READ_PAGE, ReadAnswer, ReadPage};
 use super::retry_after::parse_retry_after;
 use super::write_body::write_body;
 use crate::config::{Auth, ConfigError, FgaSettings, StoreRef};
 use crate::payload::Op;
+use crate::send_window::SendWindow;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -113,9 +115,9 @@ impl FgaClient {
 
     /// Sends one Write carrying `ops`, all of it (OIDC token fetch, the request, and the retry
     /// after a 401) within one request timeout: a new leader's fence counts on no Write of an
-    /// earlier leader lasting longer.
-    pub async fn write(&self, ops: &[&Op]) -> Result<(), WriteError> {
-        tokio::time::timeout(self.write_deadline, self.write_unbounded(ops))
+    /// earlier leader lasting longer. Its body leaves only while `window` is open.
+    pub async fn write(&self, ops: &[&Op], window: &SendWindow) -> Result<(), WriteError> {
+        tokio::time::timeout(self.write_deadline, self.write_unbounded(ops, window))
             .await
             .unwrap_or_else(|_| {
                 Err(WriteError::Transient {
@@ -128,11 +130,11 @@ impl FgaClient {
             })
     }
 
-    async fn write_unbounded(&self, ops: &[&Op]) -> Result<(), WriteError> {
+    async fn write_unbounded(&self, ops: &[&Op], window: &SendWindow) -> Result<(), WriteError> {
         let store_id = self.request_store_id().await?;
         let url = self.url(&format!("/stores/{store_id}/write"));
         let body = write_body(ops, self.model_id.as_deref());
-        let (status, retry_after, answer) = self.post_json(url, body).await?;
+        let (status, retry_after, answer) = self.post_json(url, body, Some(window)).await?;
         if (200..300).contains(&status) {
             // OpenFGA answers `{}`. Anything that is not a JSON object came from something else
             // (a proxy's page): the write cannot be taken as done.
@@ -177,7 +179,7 @@ impl FgaClient {
             body["continuation_token"] = Value::String(continuation_token.to_owned());
         }
         let body = serde_json::to_vec(&body).expect("JSON always serialises");
-        let (status, retry_after, answer) = self.post_json(url, body).await?;
+        let (status, retry_after, answer) = self.post_json(url, body, None).await?;
         if !(200..300).contains(&status) {
             return Err(classify(status, retry_after, &answer, &[]));
         }
@@ -190,19 +192,25 @@ impl FgaClient {
     }
 
     /// POSTs a JSON body with auth; returns the status, `Retry-After` and the answer's body. A
-    /// request that got no answer is transient.
+    /// request that got no answer is transient. With a `window`, the body leaves only while it
+    /// is open.
     async fn post_json(
         &self,
         url: reqwest::Url,
         body: Vec<u8>,
+        window: Option<&SendWindow>,
     ) -> Result<(u16, Option<Duration>, bytes::Bytes), WriteError> {
         let body = bytes::Bytes::from(body);
         let resp = self
             .send(|| {
+                let body = match window {
+                    Some(w) => reqwest::Body::wrap(GuardedBody::new(body.clone(), w.clone())),
+                    None => reqwest::Body::from(body.clone()),
+                };
                 self.http
                     .post(url.clone())
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body.clone())
+                    .body(body)
             })
             .await
             .map_err(|e| match e {

@@ -5,12 +5,14 @@
 //! - `auth`: the preshared token, or OIDC client-credentials tokens and their cache.
 //! - `store`: the store id, resolved from a name once; the check at start that it exists.
 //! - `classify`: what each answer means ([`WriteError`], [`FailureClass`]).
-//! - `write_body`, `read_page`: what a Write sends and what a Read answers.
+//! - `write_body`, `read_page`: what a Write sends and what a Read answers; `guarded_body`: a
+//!   Write's body, which leaves only while the relay's lease holds.
 //! - `retry_after`: `Retry-After` as seconds or an HTTP date.
 
 mod auth;
 mod classify;
 mod client;
+mod guarded_body;
 mod read_page;
 mod retry_after;
 mod store;

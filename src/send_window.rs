@@ -1,0 +1,74 @@
+//! Until when this relay may put a Write on the wire: the end of its leadership lease by its own
+//! clock. The leader's heartbeat moves it on at every renewal; losing or letting go of
+//! leadership closes it.
+//!
+//! The fence a new leader waits (the lease's end plus one Write's deadline) covers Writes that
+//! left before the old leader's lease ran out. So the check belongs where a Write leaves: the
+//! OpenFGA client's request body asks the window at the moment the HTTP connection writes it
+//! (see `openfga::client`). A relay stopped (SIGSTOP, a hung host) with Writes planned, handed
+//! to a connection or waiting for one, finds the window closed when it is continued and sends
+//! none of them: a Write with no body is not a Write OpenFGA can apply.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Shared by the session that holds the lease and every Write it sends. Cloning shares it.
+#[derive(Clone, Debug, Default)]
+pub struct SendWindow(Arc<Mutex<Option<Instant>>>);
+
+impl SendWindow {
+    fn until(&self) -> MutexGuard<'_, Option<Instant>> {
+        // A panic while holding this lock leaves a plain value behind: keep using it.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens the window (leadership taken) until `until`.
+    pub fn open_until(&self, until: Instant) {
+        *self.until() = Some(until);
+    }
+
+    /// Moves the end on after a renewal, if the window is open (a renewal that answers after
+    /// leadership was let go opens nothing).
+    pub fn extend_to(&self, until: Instant) {
+        let mut u = self.until();
+        if u.is_some() {
+            *u = Some(until);
+        }
+    }
+
+    /// Closes the window: leadership let go or lost.
+    pub fn close(&self) {
+        *self.until() = None;
+    }
+
+    /// The end of the window, if leadership is held (whether or not it has passed).
+    pub fn end(&self) -> Option<Instant> {
+        *self.until()
+    }
+
+    /// Whether a Write may leave now.
+    pub fn is_open(&self) -> bool {
+        self.end().is_some_and(|until| Instant::now() < until)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn open_until_its_end_closed_before_and_after() {
+        let w = SendWindow::default();
+        assert!(!w.is_open());
+        w.extend_to(Instant::now() + Duration::from_secs(60));
+        assert!(!w.is_open(), "a renewal opens nothing");
+        w.open_until(Instant::now() + Duration::from_secs(60));
+        assert!(w.is_open());
+        w.extend_to(Instant::now() - Duration::from_millis(1));
+        assert!(!w.is_open(), "past its end");
+        w.open_until(Instant::now() + Duration::from_secs(60));
+        w.close();
+        assert!(!w.is_open());
+    }
+}
