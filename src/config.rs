@@ -175,6 +175,8 @@ pub struct DeliverySettings {
     pub batch_size: usize,
     /// The most Writes in flight at once (the adaptive window's ceiling).
     pub max_in_flight: usize,
+    /// The nap between passes while rows keep coming (zero: none).
+    pub linger: Duration,
 }
 
 impl Default for DeliverySettings {
@@ -186,6 +188,7 @@ impl Default for DeliverySettings {
             max_attempts: 10,
             batch_size: 500,
             max_in_flight: 16,
+            linger: Duration::from_millis(1),
         }
     }
 }
@@ -278,6 +281,22 @@ pub fn parse_positive_duration(setting: &str, s: &str) -> Result<Duration, Confi
     let d = parse_duration(setting, s)?;
     if d.is_zero() {
         return Err(ConfigError::new(setting, "must be longer than zero"));
+    }
+    Ok(d)
+}
+
+/// Parses a duration from zero up to `max`.
+pub fn parse_duration_up_to(
+    setting: &str,
+    s: &str,
+    max: Duration,
+) -> Result<Duration, ConfigError> {
+    let d = parse_duration(setting, s)?;
+    if d > max {
+        return Err(ConfigError::new(
+            setting,
+            format!("{s:?} is longer than {}", humantime::format_duration(max)),
+        ));
     }
     Ok(d)
 }

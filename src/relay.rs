@@ -23,10 +23,6 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-/// How long a steady stream of rows may gather between passes (see `lead`). Measured
-/// (BENCHMARKS.md): 1 ms brings the trigger's cost to 8 concurrent writers from 9–17% down to
-/// about 6%, for about 1 ms more latency only while rows arrive faster than one a millisecond.
-const LINGER: Duration = Duration::from_millis(1);
 /// A pass that delivered this many rows or more is not followed by a linger.
 const LINGER_BELOW: u64 = 500;
 
@@ -497,11 +493,13 @@ impl Relay {
                 // milliseconds' worth gather rather than running a pass, a transaction and a
                 // Write for every row or two. Per row, that is less work for the relay and its
                 // PostgreSQL session, which writers on the same server feel, and at most
-                // LINGER more latency for rows committed under such a load.
+                // `--linger` more latency for rows committed under such a load (the trade-off
+                // is measured in BENCHMARKS.md).
                 if busy
+                    && !self.delivery.linger.is_zero()
                     && !report.interrupted
                     && report.delivered < LINGER_BELOW
-                    && !self.nap(LINGER, &stop).await
+                    && !self.nap(self.delivery.linger, &stop).await
                 {
                     break;
                 }

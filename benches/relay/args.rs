@@ -48,6 +48,13 @@ pub(crate) struct Args {
     /// median of the rounds' ratios counts [5; smoke 1].
     #[arg(long)]
     pub(crate) pgbench_runs: Option<usize>,
+    /// Lingers (--linger) the linger scenario compares, comma-separated [0,500us,1ms,2ms,5ms;
+    /// smoke 0,1ms].
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) lingers: Vec<String>,
+    /// Rounds of the linger scenario's pgbench runs [3; smoke 1].
+    #[arg(long)]
+    pub(crate) linger_rounds: Option<usize>,
     /// Seconds the idle relay is watched [60; smoke 3].
     #[arg(long)]
     pub(crate) idle_seconds: Option<u64>,
@@ -83,6 +90,7 @@ pub(crate) enum Scenario {
     Dead,
     Speed,
     Writers,
+    Linger,
     Idle,
     Baseline,
 }
@@ -103,6 +111,8 @@ pub(crate) struct Sizes {
     pub(crate) pgbench_seconds: u64,
     pub(crate) pgbench_runs: usize,
     pub(crate) pgbench_clients: Vec<u32>,
+    pub(crate) lingers: Vec<String>,
+    pub(crate) linger_rounds: usize,
     pub(crate) idle_seconds: u64,
 }
 
@@ -141,6 +151,16 @@ impl Sizes {
             } else {
                 a.pgbench_clients.clone()
             },
+            lingers: if !a.lingers.is_empty() {
+                a.lingers.clone()
+            } else if s {
+                vec!["0".into(), "1ms".into()]
+            } else {
+                ["0", "500us", "1ms", "2ms", "5ms"]
+                    .map(String::from)
+                    .to_vec()
+            },
+            linger_rounds: a.linger_rounds.unwrap_or(if s { 1 } else { 3 }).max(1),
             idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
         }
     }

@@ -16,7 +16,8 @@
 //!
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
-//! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `idle`, `baseline`); `cpu.rs`
+//! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `idle`,
+//! `baseline`); `cpu.rs`
 //! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
 //! prints the table.
 
@@ -42,6 +43,7 @@ mod harness;
 mod history;
 mod idle;
 mod latency;
+mod linger;
 mod pgbench;
 mod speed;
 mod stats;
@@ -75,6 +77,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Dead,
         Scenario::Speed,
         Scenario::Writers,
+        Scenario::Linger,
         Scenario::Idle,
         Scenario::Baseline,
     ];
@@ -97,6 +100,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Dead => results.dead = Some(bench.dead(&sizes).await?),
             Scenario::Speed => results.speed = Some(bench.speed(&sizes).await?),
             Scenario::Writers => results.writers = bench.writers(&sizes).await?,
+            Scenario::Linger => results.linger = bench.linger(&sizes).await?,
             Scenario::Idle => results.idle = Some(bench.idle(&sizes).await?),
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),
         }

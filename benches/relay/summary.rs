@@ -8,6 +8,7 @@ use crate::explain::{exec_ms, top_buffers};
 use crate::history::History;
 use crate::idle::IdleResult;
 use crate::latency::LatencyResult;
+use crate::linger::LingerRow;
 use crate::speed::Speed;
 use crate::stats::ms;
 use crate::writers::{TriggerKind, WriterRun, round_ratio};
@@ -20,6 +21,7 @@ pub(crate) struct Results {
     pub(crate) dead: Option<DeadPile>,
     pub(crate) speed: Option<Speed>,
     pub(crate) writers: Vec<WriterRun>,
+    pub(crate) linger: Vec<LingerRow>,
     pub(crate) idle: Option<IdleResult>,
     pub(crate) baseline: Option<BaselineResult>,
 }
@@ -185,6 +187,29 @@ impl Results {
             println!(
                 "| crash with the window full (20 ms) | {} tuple operations to send again | at most the Writes in flight | |",
                 sp.crash_redelivery
+            );
+        }
+        for r in &self.linger {
+            let default = r.linger == "1ms";
+            println!(
+                "| linger {}: writers and latency | writers {:.3} of no trigger; at {}/s p50 {} ms, p99 {} ms; at 1000/s p50 {} ms, p99 {} ms | {} | {} |",
+                r.linger,
+                r.writers,
+                sizes.latency_rate,
+                ms(r.at_200.p50),
+                ms(r.at_200.p99),
+                ms(r.stream.p50),
+                ms(r.stream.p99),
+                if default {
+                    "default: writers ≥ 0.95, p99 ≤ 3 ms at 200/s"
+                } else {
+                    ""
+                },
+                if default {
+                    self.verdict(sizes, r.writers >= 0.95 && r.at_200.p99 <= 3.0)
+                } else {
+                    ""
+                }
             );
         }
         if let Some(i) = &self.idle {

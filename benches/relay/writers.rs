@@ -4,10 +4,12 @@
 use crate::args::Sizes;
 use crate::common;
 use crate::common::fga::FakeFga;
+use crate::cpu::CpuUse;
 use crate::harness::Bench;
 use crate::pgbench::{PGBENCH_SCRIPT, pgbench, pgbench_path, pgbench_tps};
 use crate::stats::median;
 use anyhow::{Context, Result};
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,10 +97,11 @@ impl Bench {
         Ok(())
     }
 
-    pub(crate) async fn writers(&self, sizes: &Sizes) -> Result<Vec<WriterRun>> {
+    /// pgbench and its script, or None (said) when pgbench is not installed.
+    pub(crate) async fn pgbench_setup(&self) -> Result<Option<Pgbench>> {
         let Some(bin) = pgbench_path() else {
             println!("pgbench not found (set PGBENCH): skipped");
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let socket_dir = self
             .db
@@ -108,6 +111,64 @@ impl Bench {
         let script =
             std::env::temp_dir().join(format!("fga-relay-bench-{}.sql", std::process::id()));
         std::fs::write(&script, PGBENCH_SCRIPT)?;
+        Ok(Some(Pgbench {
+            bin,
+            socket_dir,
+            script,
+        }))
+    }
+
+    /// One pgbench run of `secs` with `clients`, `kind` installed, beside a relay sweeping every
+    /// 100 ms (so that it delivers without a trigger too) with `extra` settings. Returns once
+    /// every row is delivered.
+    pub(crate) async fn writer_run(
+        &self,
+        pg: &Pgbench,
+        clients: u32,
+        secs: u64,
+        kind: TriggerKind,
+        extra: &[(&str, &str)],
+    ) -> Result<OneRun> {
+        self.truncate().await?;
+        self.set_trigger(kind).await?;
+        let fga = FakeFga::start();
+        let mut env = vec![
+            ("FGA_RELAY_SWEEP_INTERVAL", "100ms"),
+            ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
+        ];
+        env.extend_from_slice(extra);
+        let relay = self.start_relay(&fga, &env).await?;
+        let metrics = relay.endpoint().await;
+        let notified0 = notifications(&metrics).await;
+        let child = pgbench(&pg.bin, &pg.socket_dir, &pg.script, clients, secs)?;
+        let pgbench_pid = child.id();
+        let finished = tokio::task::spawn_blocking(move || child.wait_with_output());
+        // CPU is measured over the middle of the run, while every writer's session exists: a
+        // process that has exited no longer shows its CPU time.
+        let margin = if secs >= 3 { 1.0 } else { 0.2 };
+        tokio::time::sleep(Duration::from_secs_f64(margin)).await;
+        let cpu0 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
+        tokio::time::sleep(Duration::from_secs_f64(secs as f64 - 2.0 * margin)).await;
+        let cpu1 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
+        let tps = pgbench_tps(finished.await??)?;
+        let notified = notifications(&metrics).await - notified0;
+        self.wait_drained(Duration::from_secs(120), Duration::from_millis(20))
+            .await?;
+        let rows = self.count("SELECT count(*) FROM fga_outbox").await?;
+        self.stop_relay(relay, kind.label(), kind.expected_warnings())
+            .await;
+        Ok(OneRun {
+            tps,
+            rows,
+            notified,
+            cpu: cpu0.until(&cpu1),
+        })
+    }
+
+    pub(crate) async fn writers(&self, sizes: &Sizes) -> Result<Vec<WriterRun>> {
+        let Some(pg) = self.pgbench_setup().await? else {
+            return Ok(Vec::new());
+        };
         let kinds = [
             TriggerKind::None,
             TriggerKind::Relay,
@@ -138,66 +199,23 @@ impl Bench {
                 let mut order = kinds;
                 order.rotate_left(run % kinds.len());
                 for kind in order {
-                    self.truncate().await?;
-                    self.set_trigger(kind).await?;
-                    let fga = FakeFga::start();
-                    let relay = self
-                        .start_relay(
-                            &fga,
-                            &[
-                                ("FGA_RELAY_SWEEP_INTERVAL", "100ms"),
-                                ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
-                            ],
-                        )
+                    let one = self
+                        .writer_run(&pg, clients, sizes.pgbench_seconds, kind, &[])
                         .await?;
-                    let metrics = relay.endpoint().await;
-                    let notified0 = notifications(&metrics).await;
-                    let secs = sizes.pgbench_seconds;
-                    let child = pgbench(&bin, &socket_dir, &script, clients, secs)?;
-                    let pgbench_pid = child.id();
-                    let finished = tokio::task::spawn_blocking(move || child.wait_with_output());
-                    // CPU is measured over the middle of the run, while every writer's session
-                    // exists: a process that has exited no longer shows its CPU time.
-                    let margin = if secs >= 3 { 1.0 } else { 0.2 };
-                    tokio::time::sleep(Duration::from_secs_f64(margin)).await;
-                    let cpu0 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
-                    tokio::time::sleep(Duration::from_secs_f64(secs as f64 - 2.0 * margin)).await;
-                    let cpu1 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
-                    let tps = pgbench_tps(finished.await??)?;
-                    let notified = notifications(&metrics).await - notified0;
-                    self.wait_drained(Duration::from_secs(120), Duration::from_millis(20))
-                        .await?;
-                    let rows = self.count("SELECT count(*) FROM fga_outbox").await?;
-                    self.stop_relay(relay, kind.label(), kind.expected_warnings())
-                        .await;
-                    let cpu = cpu0.until(&cpu1);
-                    let pct = |x: f64| x / cpu.wall * 100.0;
-                    println!(
-                        "  {clients} client(s), {:<21} {tps:>7.0} tps; {rows} rows, all \
-                         delivered; {notified:.0} notifications reached the relay; CPU: relay \
-                         {:.0}%, its sessions {:.0}%, writers' sessions and the rest of \
-                         PostgreSQL {:.0}%, pgbench {:.0}%, other processes {:.0}%",
-                        kind.label(),
-                        pct(cpu.relay),
-                        pct(cpu.relay_pg),
-                        pct(cpu.pg_other),
-                        pct(cpu.pgbench),
-                        pct(cpu.others())
-                    );
+                    println!("  {clients} client(s), {:<21} {}", kind.label(), one.line());
                     let run = runs
                         .iter_mut()
                         .find(|r| r.clients == clients && r.trigger == kind)
                         .expect("set up above");
-                    run.tps.push(tps);
-                    run.relay_cpu.push(cpu.relay / cpu.wall);
-                    run.transactions += rows;
-                    run.notifications += notified;
-                    run.others.push(cpu.others() / cpu.wall);
+                    run.tps.push(one.tps);
+                    run.relay_cpu.push(one.cpu.relay / one.cpu.wall);
+                    run.transactions += one.rows;
+                    run.notifications += one.notified;
+                    run.others.push(one.cpu.others() / one.cpu.wall);
                 }
             }
         }
         self.set_trigger(TriggerKind::Relay).await?;
-        let _ = std::fs::remove_file(&script);
         for &clients in &sizes.pgbench_clients {
             for r in runs.iter().filter(|r| r.clients == clients) {
                 println!(
@@ -214,6 +232,49 @@ impl Bench {
             }
         }
         Ok(runs)
+    }
+}
+
+/// Where pgbench is and what it runs.
+pub(crate) struct Pgbench {
+    bin: PathBuf,
+    socket_dir: PathBuf,
+    script: PathBuf,
+}
+
+impl Drop for Pgbench {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.script);
+    }
+}
+
+/// One pgbench run beside a relay.
+pub(crate) struct OneRun {
+    pub(crate) tps: f64,
+    /// Rows written, all delivered.
+    pub(crate) rows: i64,
+    /// Notifications that reached the relay.
+    pub(crate) notified: f64,
+    /// CPU per party over the middle of the run.
+    pub(crate) cpu: CpuUse,
+}
+
+impl OneRun {
+    pub(crate) fn line(&self) -> String {
+        let pct = |x: f64| x / self.cpu.wall * 100.0;
+        format!(
+            "{:>7.0} tps; {} rows, all delivered; {:.0} notifications reached the relay; CPU: \
+             relay {:.0}%, its sessions {:.0}%, writers' sessions and the rest of PostgreSQL \
+             {:.0}%, pgbench {:.0}%, other processes {:.0}%",
+            self.tps,
+            self.rows,
+            self.notified,
+            pct(self.cpu.relay),
+            pct(self.cpu.relay_pg),
+            pct(self.cpu.pg_other),
+            pct(self.cpu.pgbench),
+            pct(self.cpu.others())
+        )
     }
 }
 

@@ -93,6 +93,7 @@ pub(super) async fn build_relay(
         max_attempts = delivery.max_attempts,
         batch_size = delivery.batch_size,
         max_in_flight = delivery.max_in_flight,
+        linger = ?delivery.linger,
         version = env!("CARGO_PKG_VERSION"),
         "fga-relay starting"
     );

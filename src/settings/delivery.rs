@@ -1,12 +1,15 @@
 //! How the delivery loop behaves: sweep and heartbeat intervals, the leader's lease, attempts,
-//! batch size.
+//! batch size, Writes in flight, linger.
 
 use super::{
-    DEFAULT_BATCH_SIZE, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEADER_LEASE, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_IN_FLIGHT, DEFAULT_SWEEP_INTERVAL, or_default,
+    DEFAULT_BATCH_SIZE, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEADER_LEASE, DEFAULT_LINGER,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_IN_FLIGHT, DEFAULT_SWEEP_INTERVAL, or_default,
 };
 use crate::config::{self, ConfigError, DeliverySettings};
 use clap::Args;
+
+/// Beyond this a linger is a sweep: the relay would sit on rows it has been told about.
+const MAX_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How the delivery loop behaves.
 #[derive(Args, Debug)]
@@ -33,6 +36,11 @@ pub struct DeliveryArgs {
     /// relay halves its window on 429, 5xx and timeouts and grows it back while Writes succeed.
     #[arg(long, env = "FGA_RELAY_MAX_IN_FLIGHT", default_value = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: String,
+    /// While rows keep coming, wait this long between passes so that more of them go in each
+    /// Write (0 turns it off): less work per row for the relay and its PostgreSQL session, which
+    /// writers on the same server feel, for up to this much more latency under a steady stream.
+    #[arg(long, env = "FGA_RELAY_LINGER", default_value = DEFAULT_LINGER)]
+    pub linger: String,
 }
 
 impl DeliveryArgs {
@@ -68,6 +76,11 @@ impl DeliveryArgs {
                 1,
                 256,
             )? as usize,
+            linger: config::parse_duration_up_to(
+                "--linger (FGA_RELAY_LINGER)",
+                or_default(&self.linger, DEFAULT_LINGER),
+                MAX_LINGER,
+            )?,
         })
     }
 }

@@ -27,6 +27,7 @@ const DEFAULT_LEADER_LEASE: &str = "15s";
 const DEFAULT_MAX_ATTEMPTS: &str = "10";
 const DEFAULT_BATCH_SIZE: &str = "500";
 const DEFAULT_MAX_IN_FLIGHT: &str = "16";
+const DEFAULT_LINGER: &str = "1ms";
 pub(crate) const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
 pub(crate) const DEFAULT_LOG_FORMAT: &str = "text";
 pub(crate) const DEFAULT_TABLE: &str = "fga_outbox";

@@ -55,7 +55,7 @@ async fn timings_that_cannot_make_the_fence_sound_exit_2_naming_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_settings_exit_2_naming_the_setting() {
     let env = Env::start().await;
-    let cases: [(&str, Option<&str>, &str); 7] = [
+    let cases: [(&str, Option<&str>, &str); 8] = [
         ("FGA_STORE_ID", None, "FGA_STORE_ID"),
         ("FGA_STORE_ID", Some("not-a-store"), "FGA_STORE_ID"),
         ("FGA_API_URL", Some("localhost:8080"), "FGA_API_URL"),
@@ -64,6 +64,7 @@ async fn bad_settings_exit_2_naming_the_setting() {
             Some("soon"),
             "FGA_RELAY_SWEEP_INTERVAL",
         ),
+        ("FGA_RELAY_LINGER", Some("5s"), "FGA_RELAY_LINGER"),
         (
             "FGA_MAX_TUPLES_PER_WRITE",
             Some("0"),
