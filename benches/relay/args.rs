@@ -48,11 +48,11 @@ pub(crate) struct Args {
     /// median of the rounds' ratios counts [5; smoke 1].
     #[arg(long)]
     pub(crate) pgbench_runs: Option<usize>,
-    /// Lingers (--linger) the linger scenario compares, comma-separated [0,500us,1ms,2ms,5ms;
-    /// smoke 0,1ms].
+    /// Lingers (--linger) the linger scenario compares, comma-separated [0,1ms,2ms,5ms; smoke
+    /// 0,1ms].
     #[arg(long, value_delimiter = ',')]
     pub(crate) lingers: Vec<String>,
-    /// Rounds of the linger scenario's pgbench runs [3; smoke 1].
+    /// Rounds of the linger scenario's pgbench runs [5; smoke 1].
     #[arg(long)]
     pub(crate) linger_rounds: Option<usize>,
     /// Seconds the idle relay is watched [60; smoke 3].
@@ -156,11 +156,9 @@ impl Sizes {
             } else if s {
                 vec!["0".into(), "1ms".into()]
             } else {
-                ["0", "500us", "1ms", "2ms", "5ms"]
-                    .map(String::from)
-                    .to_vec()
+                ["0", "1ms", "2ms", "5ms"].map(String::from).to_vec()
             },
-            linger_rounds: a.linger_rounds.unwrap_or(if s { 1 } else { 3 }).max(1),
+            linger_rounds: a.linger_rounds.unwrap_or(if s { 1 } else { 5 }).max(1),
             idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
         }
     }

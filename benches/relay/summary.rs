@@ -192,7 +192,7 @@ impl Results {
         for r in &self.linger {
             let default = r.linger == "1ms";
             println!(
-                "| linger {}: writers and latency | writers {:.3} of no trigger; at {}/s p50 {} ms, p99 {} ms; at 1000/s p50 {} ms, p99 {} ms | {} | {} |",
+                "| linger {}: writers and latency | writers {:.3} of no trigger (1 s sweep); at {}/s p50 {} ms, p99 {} ms; at 1000/s p50 {} ms, p99 {} ms | {} | {} |",
                 r.linger,
                 r.writers,
                 sizes.latency_rate,

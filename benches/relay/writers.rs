@@ -17,6 +17,8 @@ pub(crate) enum TriggerKind {
     None,
     Relay,
     PlainNotify,
+    /// A statement-level trigger whose function does nothing: what firing any trigger costs.
+    Empty,
 }
 
 impl TriggerKind {
@@ -33,6 +35,7 @@ impl TriggerKind {
             TriggerKind::None => "no trigger",
             TriggerKind::Relay => "relay's trigger",
             TriggerKind::PlainNotify => "plain NOTIFY trigger",
+            TriggerKind::Empty => "empty trigger",
         }
     }
 }
@@ -82,18 +85,25 @@ impl Bench {
                     .await?
             }
             TriggerKind::PlainNotify => {
-                self.admin
-                    .batch_execute(
-                        "CREATE OR REPLACE FUNCTION bench_plain_notify() RETURNS trigger \
-                         LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('fga_outbox', ''); \
-                         RETURN NULL; END $$; \
-                         DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox; \
-                         CREATE TRIGGER fga_outbox_notify AFTER INSERT ON fga_outbox \
-                         FOR EACH STATEMENT EXECUTE FUNCTION bench_plain_notify()",
-                    )
+                self.bench_trigger("PERFORM pg_notify('fga_outbox', '');")
                     .await?
             }
+            TriggerKind::Empty => self.bench_trigger("").await?,
         }
+        Ok(())
+    }
+
+    /// Installs a statement-level trigger on the outbox in place of the relay's, running `body`.
+    async fn bench_trigger(&self, body: &str) -> Result<()> {
+        self.admin
+            .batch_execute(&format!(
+                "CREATE OR REPLACE FUNCTION bench_trigger() RETURNS trigger \
+                 LANGUAGE plpgsql AS $$ BEGIN {body} RETURN NULL; END $$; \
+                 DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox; \
+                 CREATE TRIGGER fga_outbox_notify AFTER INSERT ON fga_outbox \
+                 FOR EACH STATEMENT EXECUTE FUNCTION bench_trigger()"
+            ))
+            .await?;
         Ok(())
     }
 
@@ -119,27 +129,34 @@ impl Bench {
     }
 
     /// One pgbench run of `secs` with `clients`, `kind` installed, beside a relay sweeping every
-    /// 100 ms (so that it delivers without a trigger too) with `extra` settings. Returns once
-    /// every row is delivered.
+    /// 100 ms (so that it delivers without a trigger too) with `relay` settings on top, or with
+    /// no relay at all when `relay` is None. With a relay, returns once every row is delivered.
     pub(crate) async fn writer_run(
         &self,
         pg: &Pgbench,
         clients: u32,
         secs: u64,
         kind: TriggerKind,
-        extra: &[(&str, &str)],
+        relay: Option<&[(&str, &str)]>,
     ) -> Result<OneRun> {
         self.truncate().await?;
         self.set_trigger(kind).await?;
         let fga = FakeFga::start();
-        let mut env = vec![
-            ("FGA_RELAY_SWEEP_INTERVAL", "100ms"),
-            ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
-        ];
-        env.extend_from_slice(extra);
-        let relay = self.start_relay(&fga, &env).await?;
-        let metrics = relay.endpoint().await;
-        let notified0 = notifications(&metrics).await;
+        let relay = match relay {
+            Some(extra) => {
+                let mut env = vec![
+                    ("FGA_RELAY_SWEEP_INTERVAL", "100ms"),
+                    ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
+                ];
+                env.extend_from_slice(extra);
+                let relay = self.start_relay(&fga, &env).await?;
+                let metrics = relay.endpoint().await;
+                let notified0 = notifications(&metrics).await;
+                Some((relay, metrics, notified0))
+            }
+            None => None,
+        };
+        let relay_pid = relay.as_ref().map(|(r, _, _)| r.pid());
         let child = pgbench(&pg.bin, &pg.socket_dir, &pg.script, clients, secs)?;
         let pgbench_pid = child.id();
         let finished = tokio::task::spawn_blocking(move || child.wait_with_output());
@@ -147,19 +164,23 @@ impl Bench {
         // process that has exited no longer shows its CPU time.
         let margin = if secs >= 3 { 1.0 } else { 0.2 };
         tokio::time::sleep(Duration::from_secs_f64(margin)).await;
-        let cpu0 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
+        let cpu0 = self.cpu_with(relay_pid, Some(pgbench_pid)).await?;
         tokio::time::sleep(Duration::from_secs_f64(secs as f64 - 2.0 * margin)).await;
-        let cpu1 = self.cpu_with(Some(relay.pid()), Some(pgbench_pid)).await?;
+        let cpu1 = self.cpu_with(relay_pid, Some(pgbench_pid)).await?;
         let tps = pgbench_tps(finished.await??)?;
-        let notified = notifications(&metrics).await - notified0;
-        self.wait_drained(Duration::from_secs(120), Duration::from_millis(20))
-            .await?;
+        let mut notified = 0.0;
+        if let Some((relay, metrics, notified0)) = relay {
+            notified = notifications(&metrics).await - notified0;
+            self.wait_drained(Duration::from_secs(120), Duration::from_millis(20))
+                .await?;
+            self.stop_relay(relay, kind.label(), kind.expected_warnings())
+                .await;
+        }
         let rows = self.count("SELECT count(*) FROM fga_outbox").await?;
-        self.stop_relay(relay, kind.label(), kind.expected_warnings())
-            .await;
         Ok(OneRun {
             tps,
             rows,
+            delivered: relay_pid.is_some(),
             notified,
             cpu: cpu0.until(&cpu1),
         })
@@ -200,7 +221,7 @@ impl Bench {
                 order.rotate_left(run % kinds.len());
                 for kind in order {
                     let one = self
-                        .writer_run(&pg, clients, sizes.pgbench_seconds, kind, &[])
+                        .writer_run(&pg, clients, sizes.pgbench_seconds, kind, Some(&[]))
                         .await?;
                     println!("  {clients} client(s), {:<21} {}", kind.label(), one.line());
                     let run = runs
@@ -251,8 +272,10 @@ impl Drop for Pgbench {
 /// One pgbench run beside a relay.
 pub(crate) struct OneRun {
     pub(crate) tps: f64,
-    /// Rows written, all delivered.
+    /// Rows written.
     pub(crate) rows: i64,
+    /// Whether a relay ran and delivered them all.
+    pub(crate) delivered: bool,
     /// Notifications that reached the relay.
     pub(crate) notified: f64,
     /// CPU per party over the middle of the run.
@@ -263,11 +286,16 @@ impl OneRun {
     pub(crate) fn line(&self) -> String {
         let pct = |x: f64| x / self.cpu.wall * 100.0;
         format!(
-            "{:>7.0} tps; {} rows, all delivered; {:.0} notifications reached the relay; CPU: \
-             relay {:.0}%, its sessions {:.0}%, writers' sessions and the rest of PostgreSQL \
-             {:.0}%, pgbench {:.0}%, other processes {:.0}%",
+            "{:>7.0} tps; {} rows, {}; {:.0} notifications reached the relay; CPU: relay {:.0}%, \
+             its sessions {:.0}%, writers' sessions and the rest of PostgreSQL {:.0}%, pgbench \
+             {:.0}%, other processes {:.0}%",
             self.tps,
             self.rows,
+            if self.delivered {
+                "all delivered"
+            } else {
+                "no relay"
+            },
             self.notified,
             pct(self.cpu.relay),
             pct(self.cpu.relay_pg),
