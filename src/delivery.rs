@@ -266,19 +266,22 @@ impl Flight {
         let ops = self.plan.ops();
         let started = Instant::now();
         let result = client.write(&ops, window).await;
-        if result.is_err() && !window.is_open() {
-            // The lease ran out meanwhile: whatever became of the Write, the next leader sends
-            // its rows again after the fence. Nothing to hold against them.
+        let sent = !matches!(result, Err(WriteError::NotSent));
+        if sent {
+            let outcome = match &result {
+                Ok(()) => "ok",
+                Err(e) => e.class().as_str(),
+            };
+            metrics.request(outcome, started.elapsed().as_secs_f64());
+            metrics.writes_sent.inc();
+        }
+        if !sent || (result.is_err() && !window.is_open()) {
+            // Not sent, or the lease ran out meanwhile: whatever became of the Write, the next
+            // leader sends its rows again after the fence. Nothing to hold against them.
             conn.batch_execute("ROLLBACK").await?;
             tx.finish();
             return Ok(Answer::Deferred);
         }
-        let outcome = match &result {
-            Ok(()) => "ok",
-            Err(e) => e.class().as_str(),
-        };
-        metrics.request(outcome, started.elapsed().as_secs_f64());
-        metrics.writes_sent.inc();
         if let Err(e) = &result
             && let Some(wait) = e.retry_after()
         {
@@ -921,6 +924,12 @@ impl Deliverer {
             WriteError::TooLarge { .. } => {
                 // A proxy's body limit: a smaller Write may pass; a row alone cannot shrink.
                 self.split_or_dead_letter(tx, plan, &e, queue, report).await
+            }
+            WriteError::NotSent => {
+                // `Flight::send` defers these before they get here; should one come, it was
+                // never sent and is nothing against its rows.
+                Self::requeue(queue, plan.into_rows());
+                Ok(Flow::Stop)
             }
             WriteError::Configuration { .. } | WriteError::Unexpected { .. } => {
                 self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF)

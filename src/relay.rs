@@ -491,10 +491,10 @@ impl Relay {
                 spins = 0;
                 // Rows keep coming (this pass and the one before found some): let a few
                 // milliseconds' worth gather rather than running a pass, a transaction and a
-                // Write for every row or two. Per row, that is less work for the relay and its
-                // PostgreSQL session, which writers on the same server feel, and at most
-                // `--linger` more latency for rows committed under such a load (the trade-off
-                // is measured in BENCHMARKS.md).
+                // Write for every row or two. Per row, that is less CPU for the relay and its
+                // PostgreSQL session (on the writers' server), and at most `--linger` more
+                // latency for rows committed under such a load (the trade-off is measured in
+                // BENCHMARKS.md).
                 if busy
                     && !self.delivery.linger.is_zero()
                     && !report.interrupted

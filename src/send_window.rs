@@ -27,11 +27,13 @@ impl SendWindow {
         *self.until() = Some(until);
     }
 
-    /// Moves the end on after a renewal, if the window is open (a renewal that answers after
-    /// leadership was let go opens nothing).
+    /// Moves the end on after a renewal, if the window is still open. A renewal that answers
+    /// after leadership was let go, or after the end had passed, opens nothing: past its end the
+    /// session counts as lost (another relay may have ended it and be delivering), and only a
+    /// new term opens the window again.
     pub fn extend_to(&self, until: Instant) {
         let mut u = self.until();
-        if u.is_some() {
+        if u.is_some_and(|end| Instant::now() < end) {
             *u = Some(until);
         }
     }
@@ -67,6 +69,8 @@ mod tests {
         assert!(w.is_open());
         w.extend_to(Instant::now() - Duration::from_millis(1));
         assert!(!w.is_open(), "past its end");
+        w.extend_to(Instant::now() + Duration::from_secs(60));
+        assert!(!w.is_open(), "a renewal after the end reopens nothing");
         w.open_until(Instant::now() + Duration::from_secs(60));
         w.close();
         assert!(!w.is_open());

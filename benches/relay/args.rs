@@ -55,6 +55,12 @@ pub(crate) struct Args {
     /// Rounds of the linger scenario's pgbench runs [5; smoke 1].
     #[arg(long)]
     pub(crate) linger_rounds: Option<usize>,
+    /// Rounds of the wait scenario [3; smoke 1].
+    #[arg(long)]
+    pub(crate) wait_rounds: Option<usize>,
+    /// Sessions waiting at once in the wait scenario [50; smoke 5].
+    #[arg(long)]
+    pub(crate) waiters: Option<usize>,
     /// Seconds the idle relay is watched [60; smoke 3].
     #[arg(long)]
     pub(crate) idle_seconds: Option<u64>,
@@ -91,6 +97,7 @@ pub(crate) enum Scenario {
     Speed,
     Writers,
     Linger,
+    Wait,
     Idle,
     Baseline,
 }
@@ -113,6 +120,14 @@ pub(crate) struct Sizes {
     pub(crate) pgbench_clients: Vec<u32>,
     pub(crate) lingers: Vec<String>,
     pub(crate) linger_rounds: usize,
+    pub(crate) wait_rounds: usize,
+    /// Writes waited for in each latency run of the wait scenario.
+    pub(crate) wait_latency_writes: usize,
+    /// Rows in the wait scenario's burn-downs.
+    pub(crate) wait_backlog: usize,
+    pub(crate) waiters: usize,
+    pub(crate) wait_writer_seconds: u64,
+    pub(crate) wait_timeout_seconds: u64,
     pub(crate) idle_seconds: u64,
 }
 
@@ -159,6 +174,12 @@ impl Sizes {
                 ["0", "1ms", "2ms", "5ms"].map(String::from).to_vec()
             },
             linger_rounds: a.linger_rounds.unwrap_or(if s { 1 } else { 5 }).max(1),
+            wait_rounds: a.wait_rounds.unwrap_or(if s { 1 } else { 3 }).max(1),
+            wait_latency_writes: if s { 10 } else { 100 },
+            wait_backlog: if s { 1_000 } else { 50_000 },
+            waiters: a.waiters.unwrap_or(if s { 5 } else { 50 }).max(1),
+            wait_writer_seconds: if s { 1 } else { 5 },
+            wait_timeout_seconds: if s { 1 } else { 5 },
             idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
         }
     }

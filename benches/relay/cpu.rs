@@ -3,7 +3,17 @@
 
 use std::time::Instant;
 
-pub(crate) use crate::common::load::loadavg;
+/// The load averages over 1, 5 and 15 minutes, as `/proc/loadavg` gives them: printed beside
+/// every measured figure, since the machine may be shared and what else runs shows in every
+/// number.
+pub(crate) fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 pub(crate) struct ProcStat {
     pub(crate) ppid: u32,
@@ -24,6 +34,16 @@ pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
 
 pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The time a process spent on a CPU, in seconds, from `/proc/<pid>/schedstat` (nanoseconds):
+/// `/proc/<pid>/stat` counts whole clock ticks, and a session that waits uses less than one at
+/// a time. 0 when the process is gone.
+pub(crate) fn task_cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0.0, |ns| ns as f64 / 1e9)
 }
 
 pub(crate) fn clock_ticks_per_second() -> f64 {

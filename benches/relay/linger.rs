@@ -35,7 +35,14 @@ pub(crate) struct LingerRow {
 /// what firing a trigger costs them (one that does nothing, and the relay's with no relay
 /// running, so that it never notifies), and the relay at its cheapest: no trigger, a sweep a
 /// second (the same rows delivered, in large Writes).
-const FLOORS: [(&str, TriggerKind, Option<&[(&str, &str)]>); 4] = [
+/// A run of the floors: its label, the trigger, and the relay's settings (None: no relay).
+type Floor = (
+    &'static str,
+    TriggerKind,
+    Option<&'static [(&'static str, &'static str)]>,
+);
+
+const FLOORS: [Floor; 4] = [
     ("no trigger, no relay", TriggerKind::None, None),
     ("empty trigger, no relay", TriggerKind::Empty, None),
     ("relay's trigger, no relay", TriggerKind::Relay, None),

@@ -16,8 +16,8 @@
 //!
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
-//! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `idle`,
-//! `baseline`); `cpu.rs`
+//! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `wait`,
+//! `idle`, `baseline`); `cpu.rs`
 //! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
 //! prints the table.
 
@@ -27,7 +27,6 @@
 #[allow(dead_code)]
 mod common {
     pub mod fga;
-    pub mod load;
     pub mod metrics;
     pub mod pg;
     pub mod relay;
@@ -48,6 +47,7 @@ mod pgbench;
 mod speed;
 mod stats;
 mod summary;
+mod wait;
 mod writers;
 
 use anyhow::Result;
@@ -78,6 +78,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Speed,
         Scenario::Writers,
         Scenario::Linger,
+        Scenario::Wait,
         Scenario::Idle,
         Scenario::Baseline,
     ];
@@ -101,6 +102,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Speed => results.speed = Some(bench.speed(&sizes).await?),
             Scenario::Writers => results.writers = bench.writers(&sizes).await?,
             Scenario::Linger => results.linger = bench.linger(&sizes).await?,
+            Scenario::Wait => results.wait = Some(bench.wait(&sizes).await?),
             Scenario::Idle => results.idle = Some(bench.idle(&sizes).await?),
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),
         }

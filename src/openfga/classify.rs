@@ -33,6 +33,10 @@ impl FailureClass {
 /// A Write that did not succeed.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum WriteError {
+    /// The Write's body refused to leave: the leader's lease had run out (the relay was stopped
+    /// or cut off). Nothing of it reached OpenFGA; the rows are for the next leader.
+    #[error("the leadership lease ran out before the Write left; it was not sent")]
+    NotSent,
     /// Connection refused or reset, timeout, 5xx, 429, 422 throttling, 409 `Aborted` from a race.
     #[error("{reason}")]
     Transient {
@@ -95,7 +99,9 @@ fn configuration_message(status: u16, code: &str, message: &str) -> String {
 impl WriteError {
     pub fn class(&self) -> FailureClass {
         match self {
-            WriteError::Transient { .. } | WriteError::Throttled { .. } => FailureClass::Transient,
+            WriteError::NotSent | WriteError::Transient { .. } | WriteError::Throttled { .. } => {
+                FailureClass::Transient
+            }
             WriteError::Rejected { .. }
             | WriteError::AlreadyApplied { .. }
             | WriteError::TooLarge { .. } => FailureClass::Permanent,

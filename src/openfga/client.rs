@@ -3,7 +3,7 @@
 
 use super::auth::{Credentials, TokenError};
 use super::classify::{WriteError, classify, error_chain, excerpt, redirected};
-use super::guarded_body::GuardedBody;
+use super::guarded_body::{GuardedBody, refused};
 use super::read_page::{MAX_READ_PAGE, ReadAnswer, ReadPage};
 use super::retry_after::parse_retry_after;
 use super::write_body::write_body;
@@ -215,6 +215,7 @@ impl FgaClient {
             .await
             .map_err(|e| match e {
                 SendError::Token(e) => e.into_write_error(),
+                SendError::Http(e) if refused(&e) => WriteError::NotSent,
                 SendError::Http(e) => WriteError::Transient {
                     reason: describe_http_error(&e),
                     retry_after: None,

@@ -15,16 +15,27 @@ use std::task::{Context, Poll};
 #[error("the leadership lease ran out before the Write left; it was not sent")]
 pub struct LeaseEnded;
 
+/// Whether `e`, or one of its causes, is a body's [`LeaseEnded`]: the request was abandoned
+/// before its body left.
+pub fn refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.is::<LeaseEnded>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 pub struct GuardedBody {
     bytes: Option<Bytes>,
-    len: u64,
     window: SendWindow,
 }
 
 impl GuardedBody {
     pub fn new(bytes: Bytes, window: SendWindow) -> GuardedBody {
         GuardedBody {
-            len: bytes.len() as u64,
             bytes: Some(bytes),
             window,
         }
@@ -55,7 +66,7 @@ impl Body for GuardedBody {
     /// Exact, so that the request carries a Content-Length: a body cut short is then an
     /// incomplete request to OpenFGA, never a shorter complete one.
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.len)
+        SizeHint::with_exact(self.bytes.as_ref().map_or(0, |b| b.len() as u64))
     }
 }
 
@@ -68,9 +79,10 @@ mod tests {
 
     const BODY: &[u8] = br#"{"writes":{"tuple_keys":[]}}"#;
 
-    /// POSTs a guarded body to a bare TCP server and returns what the server read: everything
-    /// until the client closed the connection, or until the whole body had arrived.
-    async fn what_arrives(window: SendWindow) -> Vec<u8> {
+    /// POSTs a guarded body to a bare TCP server and returns what the server read (everything
+    /// until the client closed the connection, or until the whole body had arrived), and
+    /// whether the client's error says the body refused.
+    async fn what_arrives(window: SendWindow) -> (Vec<u8>, bool) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/write", listener.local_addr().unwrap());
         let server = tokio::spawn(async move {
@@ -91,19 +103,24 @@ mod tests {
             .build()
             .unwrap();
         // With the body refused, the request fails; with it sent, no answer ever comes.
-        let _ = client.post(url).body(body).send().await;
-        tokio::time::timeout(Duration::from_secs(10), server)
+        let refusal = match client.post(url).body(body).send().await {
+            Err(e) => refused(&e),
+            Ok(_) => false,
+        };
+        let got = tokio::time::timeout(Duration::from_secs(10), server)
             .await
             .expect("the server read to the end")
-            .unwrap()
+            .unwrap();
+        (got, refusal)
     }
 
     #[tokio::test]
     async fn a_body_leaves_while_the_window_is_open() {
         let window = SendWindow::default();
         window.open_until(Instant::now() + Duration::from_secs(60));
-        let got = what_arrives(window).await;
+        let (got, refusal) = what_arrives(window).await;
         assert!(got.ends_with(BODY));
+        assert!(!refusal);
     }
 
     /// The window closed after the Write was handed to the client (the relay was stopped in
@@ -114,7 +131,9 @@ mod tests {
         let window = SendWindow::default();
         window.open_until(Instant::now() + Duration::from_secs(60));
         window.close();
-        let got = String::from_utf8_lossy(&what_arrives(window).await).into_owned();
+        let (got, refusal) = what_arrives(window).await;
+        let got = String::from_utf8_lossy(&got).into_owned();
         assert!(!got.contains("tuple_keys"), "the body arrived: {got}");
+        assert!(refusal, "the client's error names the refusal");
     }
 }

@@ -37,8 +37,8 @@ pub struct DeliveryArgs {
     #[arg(long, env = "FGA_RELAY_MAX_IN_FLIGHT", default_value = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: String,
     /// While rows keep coming, wait this long between passes so that more of them go in each
-    /// Write (0 turns it off): less work per row for the relay and its PostgreSQL session, which
-    /// writers on the same server feel, for up to this much more latency under a steady stream.
+    /// Write (0 turns it off): less relay and PostgreSQL CPU per row, for up to this much more
+    /// latency under a steady stream.
     #[arg(long, env = "FGA_RELAY_LINGER", default_value = DEFAULT_LINGER)]
     pub linger: String,
 }

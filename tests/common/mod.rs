@@ -2,7 +2,6 @@
 //! themselves, an OpenFGA stand-in that answers as OpenFGA does, and ways to run the relay.
 
 pub mod fga;
-pub mod load;
 pub mod metrics;
 pub mod pg;
 pub mod proxy;

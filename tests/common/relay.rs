@@ -185,6 +185,21 @@ pub async fn insert_with(client: &tokio_postgres::Client, payload: serde_json::V
         .get(0)
 }
 
+/// `SELECT fga_outbox_wait(ids, timeout)`.
+pub async fn wait_for(
+    client: &tokio_postgres::Client,
+    ids: &[i64],
+    timeout: &str,
+) -> Result<String, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT fga_outbox_wait($1, $2::text::interval)",
+            &[&ids, &timeout],
+        )
+        .await
+        .map(|r| r.get(0))
+}
+
 /// Inserts one outbox row from JSON text (cast to jsonb by PostgreSQL, which takes documents
 /// `serde_json::Value` cannot hold); returns its id, or PostgreSQL's refusal.
 pub async fn insert_text(

@@ -18,5 +18,4 @@ mod security;
 mod settings;
 mod summary;
 mod wait;
-mod wait_bench;
 mod writers;

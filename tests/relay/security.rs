@@ -914,7 +914,9 @@ async fn the_writer_role_waits_for_its_rows() {
         .await
         .unwrap();
     let id: i64 = app.query_one("SELECT lastval()", &[]).await.unwrap().get(0);
-    let answer = crate::wait::wait_for(&app, &[id], "10s").await.unwrap();
+    let answer = crate::common::relay::wait_for(&app, &[id], "10s")
+        .await
+        .unwrap();
     assert_eq!(answer, "delivered");
     assert!(env.fga.has("user:anne", "viewer", "document:1"));
     // Not granted to everyone: a role outside fga_outbox_writer may not call it.

@@ -4,24 +4,8 @@
 
 use crate::common::fga::{Fault, FaultRule};
 use crate::common::pg::PROMPTLY;
-use crate::common::relay::{Env, insert_with, tk, wait_until, writes};
+use crate::common::relay::{Env, insert_with, tk, wait_for, wait_until, writes};
 use std::time::{Duration, Instant};
-use tokio_postgres::Client;
-
-/// `SELECT fga_outbox_wait(ids, timeout)`.
-pub async fn wait_for(
-    client: &Client,
-    ids: &[i64],
-    timeout: &str,
-) -> Result<String, tokio_postgres::Error> {
-    client
-        .query_one(
-            "SELECT fga_outbox_wait($1, $2::text::interval)",
-            &[&ids, &timeout],
-        )
-        .await
-        .map(|r| r.get(0))
-}
 
 /// The SQLSTATE of a database error.
 fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
