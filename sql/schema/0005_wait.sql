@@ -15,7 +15,9 @@
 -- before it. Between looks:
 -- - While a listed row is locked by a running transaction (the relay claims rows FOR UPDATE for
 --   the time of their Write and marks them in the same transaction), it queues for that row lock
---   with FOR KEY SHARE, so it wakes the moment the relay commits. The lock it then gets is
+--   with FOR KEY SHARE, so it wakes the moment the relay commits, and reads the rows as the
+--   relay left them in the same statement: when that delivered every pending row, it returns at
+--   once. The lock it then gets is
 --   dropped at once by rolling back the block that took it: the relay never finds it in its way
 --   (its claim skips locked rows), and a writer's INSERT never conflicts with it. Taking that
 --   lock gives the call a transaction id, so its commit writes (and flushes) a commit record.
@@ -57,6 +59,8 @@ DECLARE
     found_n    bigint;
     pending_n  bigint;
     locked     bigint[];
+    -- Of the locked rows, those the relay had marked delivered when it let go of them.
+    settled    bigint;
     dead       text;
 BEGIN
     IF ids IS NULL OR timeout IS NULL OR array_position(ids, NULL) IS NOT NULL THEN
@@ -81,6 +85,7 @@ BEGIN
     LOOP
         looked := false;
         waiting := false;
+        settled := 0;
         BEGIN
             PERFORM set_config('lock_timeout',
                 greatest(1, ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000))::text
@@ -101,9 +106,14 @@ BEGIN
              WHERE id = ANY (wanted);
             looked := true;
             IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT waited THEN
-                -- Queue behind the transaction that holds them: the relay's delivery.
+                -- Queue behind the transaction that holds them: the relay's delivery. Once the
+                -- lock is ours, READ COMMITTED hands back the rows as the relay left them, so
+                -- this also tells whether they were delivered, without another look.
                 waiting := true;
-                PERFORM 1 FROM fga_outbox WHERE id = ANY (locked) FOR KEY SHARE;
+                SELECT count(*) FILTER (WHERE r.processed_at IS NOT NULL)
+                  INTO settled
+                  FROM (SELECT processed_at FROM fga_outbox
+                         WHERE id = ANY (locked) FOR KEY SHARE) r;
             END IF;
             RAISE SQLSTATE 'FW000';
         EXCEPTION
@@ -123,7 +133,7 @@ BEGIN
             IF dead IS NOT NULL THEN
                 RETURN dead;
             END IF;
-            IF pending_n = 0 THEN
+            IF pending_n = 0 OR (waiting AND settled = pending_n) THEN
                 RETURN 'delivered';
             END IF;
         END IF;
