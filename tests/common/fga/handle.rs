@@ -165,18 +165,7 @@ impl FakeFga {
             .as_deref()
             .map(|text| Arc::new(Cond::from_text(text)));
         let key = TKey::new(&t.object, &t.relation, &t.user);
-        let now = SystemTime::now();
-        let mut state = self.shared.state();
-        let seq = state.next_seq();
-        state.tuples.insert(
-            key.s.clone(),
-            Entry {
-                key,
-                seq,
-                inserted_at: now,
-                condition,
-            },
-        );
+        self.shared.state().put(key, condition, SystemTime::now());
     }
 
     /// Removes a tuple behind the relay's back; true if it existed. Not recorded in `changelog()`.

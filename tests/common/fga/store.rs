@@ -124,9 +124,16 @@ pub(super) struct Db {
 }
 
 impl Db {
-    pub(super) fn next_seq(&mut self) -> u64 {
+    /// Stores (or replaces) a tuple, next in insertion order.
+    pub(super) fn put(&mut self, key: TKey, condition: Option<Arc<Cond>>, inserted_at: SystemTime) {
         self.seq += 1;
-        self.seq
+        let entry = Entry {
+            key,
+            seq: self.seq,
+            inserted_at,
+            condition,
+        };
+        self.tuples.insert(entry.key.s.clone(), entry);
     }
 }
 

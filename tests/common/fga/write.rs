@@ -270,13 +270,12 @@ impl Shared {
             .chain(writes.iter().zip(&write_keys))
         {
             if !seen.insert(key.as_str()) {
-                return Reply::encoded(
+                return tuple_error(
                     400,
                     "cannot_allow_duplicate_tuples_in_one_request",
-                    &format!(
-                        "duplicate tuple in write: user: '{}', relation: '{}', object: '{}'",
-                        tk.user, tk.relation, tk.object
-                    ),
+                    "duplicate tuple in write: ",
+                    tk,
+                    "",
                 );
             }
         }
@@ -327,13 +326,12 @@ impl Shared {
         for (tk, key) in deletes.iter().zip(&delete_keys) {
             let exists = state.tuples.contains_key(key.as_str());
             if !exists && !ignore_missing {
-                return Reply::encoded(
+                return tuple_error(
                     400,
                     "write_failed_due_to_invalid_input",
-                    &format!(
-                        "cannot delete a tuple which does not exist: user: '{}', relation: '{}', object: '{}': tuple to be written already existed or the tuple to be deleted did not exist",
-                        tk.user, tk.relation, tk.object
-                    ),
+                    "cannot delete a tuple which does not exist: ",
+                    tk,
+                    ": tuple to be written already existed or the tuple to be deleted did not exist",
                 );
             }
             apply_delete.push(exists);
@@ -345,23 +343,21 @@ impl Shared {
                 continue;
             };
             if !ignore_duplicates {
-                return Reply::encoded(
+                return tuple_error(
                     400,
                     "write_failed_due_to_invalid_input",
-                    &format!(
-                        "cannot write a tuple which already exists: user: '{}', relation: '{}', object: '{}': tuple to be written already existed or the tuple to be deleted did not exist",
-                        tk.user, tk.relation, tk.object
-                    ),
+                    "cannot write a tuple which already exists: ",
+                    tk,
+                    ": tuple to be written already existed or the tuple to be deleted did not exist",
                 );
             }
             if !same_condition(existing.condition.as_deref(), incoming.as_ref()) {
-                return Reply::encoded(
+                return tuple_error(
                     409,
                     "Aborted",
-                    &format!(
-                        "transactional write failed due to conflict: attempted to write a tuple which already exists with a different condition: user: '{}', relation: '{}', object: '{}'",
-                        tk.user, tk.relation, tk.object
-                    ),
+                    "transactional write failed due to conflict: attempted to write a tuple which already exists with a different condition: ",
+                    tk,
+                    "",
                 );
             }
             apply_write.push(false);
@@ -390,27 +386,31 @@ impl Shared {
             }
             let key = TKey::from_key_string(key, tk.object.len(), tk.relation.len());
             let condition = incoming.map(|(c, _)| c);
-            let seq = state.next_seq();
             state.changelog.push(ChangeInner {
                 op: Op::Write,
                 key: key.clone(),
                 condition: condition.clone(),
                 at,
             });
-            state.tuples.insert(
-                key.s.clone(),
-                Entry {
-                    key,
-                    seq,
-                    inserted_at: now,
-                    condition,
-                },
-            );
+            state.put(key, condition, now);
         }
         drop(state);
         // OpenFGA's answer to a successful Write: 200 `{}`.
         Reply::json(200, "{}")
     }
+}
+
+/// OpenFGA's error naming one tuple of the request: `{before}user: '…', relation: '…', object:
+/// '…'{after}`.
+fn tuple_error(status: u16, code: &str, before: &str, tk: &TK<'_>, after: &str) -> Reply {
+    Reply::encoded(
+        status,
+        code,
+        &format!(
+            "{before}user: '{}', relation: '{}', object: '{}'{after}",
+            tk.user, tk.relation, tk.object
+        ),
+    )
 }
 
 /// `on_duplicate` / `on_missing`: absent or `error` is strict, `ignore` is lenient, anything else
