@@ -99,6 +99,21 @@ pub(crate) fn rows_sql(tag: &str, n: usize, state: RowState) -> String {
     )
 }
 
+impl Bench {
+    /// Empties the table and fills it with `n` rows in `state` as a long-running table would
+    /// hold them (vacuumed, analyzed, checkpointed); returns the seconds that took.
+    pub(crate) async fn fill(&self, tag: &str, n: usize, state: RowState) -> Result<f64> {
+        self.truncate().await?;
+        let t = Instant::now();
+        self.admin.batch_execute(&rows_sql(tag, n, state)).await?;
+        self.admin
+            .batch_execute("VACUUM ANALYZE fga_outbox")
+            .await?;
+        self.admin.batch_execute("CHECKPOINT").await?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+}
+
 /// `perf record` of these processes, all threads, with DWARF call graphs.
 pub(crate) async fn start_perf(path: &Path, pids: &[u32]) -> Result<std::process::Child> {
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();

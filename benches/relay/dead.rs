@@ -3,12 +3,12 @@
 //! pass.
 
 use crate::args::Sizes;
-use crate::burndown::{BurnDown, RowState, rows_sql};
+use crate::burndown::{BurnDown, RowState};
 use crate::common::fga::FakeFga;
 use crate::harness::Bench;
 use crate::latency::{LatencyResult, measure_latency};
 use anyhow::Result;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DeadPile {
@@ -43,16 +43,7 @@ impl Bench {
             .await?;
         let (clean_latency, clean) = self.latency_and_burn(sizes, "dc").await?;
         let explain_clean = clean.explain.clone();
-        self.truncate().await?;
-        let t = Instant::now();
-        self.admin
-            .batch_execute(&rows_sql("dd", sizes.dead, RowState::Dead))
-            .await?;
-        self.admin
-            .batch_execute("VACUUM ANALYZE fga_outbox")
-            .await?;
-        self.admin.batch_execute("CHECKPOINT").await?;
-        let fill = t.elapsed().as_secs_f64();
+        let fill = self.fill("dd", sizes.dead, RowState::Dead).await?;
         let (dead_latency, with_dead) = self.latency_and_burn(sizes, "dp").await?;
         let explain_dead = with_dead.explain.clone();
         println!(

@@ -2,10 +2,9 @@
 //! none.
 
 use crate::args::Sizes;
-use crate::burndown::{BurnDown, RowState, rows_sql};
+use crate::burndown::{BurnDown, RowState};
 use crate::harness::Bench;
 use anyhow::Result;
-use std::time::Instant;
 
 impl Bench {
     pub(crate) async fn history(&self, sizes: &Sizes) -> Result<History> {
@@ -17,16 +16,7 @@ impl Bench {
         let idle_none = self.explain_claim().await?;
         let none = self.burn(sizes.backlog, "hn").await?;
         // A million delivered rows before, as a relay leaves them behind.
-        self.truncate().await?;
-        let t = Instant::now();
-        self.admin
-            .batch_execute(&rows_sql("h", sizes.history, RowState::Delivered))
-            .await?;
-        self.admin
-            .batch_execute("VACUUM ANALYZE fga_outbox")
-            .await?;
-        self.admin.batch_execute("CHECKPOINT").await?;
-        let fill_secs = t.elapsed().as_secs_f64();
+        let fill_secs = self.fill("h", sizes.history, RowState::Delivered).await?;
         let size: String = self
             .admin
             .query_one(
