@@ -1,7 +1,10 @@
 //! Scenario: `fga_outbox_wait`'s ways of waiting, side by side. The candidates are the shipped
 //! function (sql/schema/0005_wait.sql) and variants made from its text:
-//! - `lock`, the shipped one: queues for the relay's row lock while the rows are in flight;
-//!   otherwise sleeps 1 ms doubling to 256 ms between looks.
+//! - `lock`, the shipped one: while the rows are in flight, queues for the advisory lock the
+//!   relay's Write transaction holds; otherwise sleeps 1 ms doubling to 256 ms between looks.
+//! - `row-lock`: the same, but queues for the rows' own locks (`FOR KEY SHARE`, what the function
+//!   did before): the wait then takes a transaction id, writes its lock into the row and ends
+//!   with a commit record to flush.
 //! - `poll`: never locks; sleeps 1 ms doubling to 256 ms between looks, in flight or not.
 //! - `poll-fine`: never locks; sleeps 1 ms between looks while the rows are in flight.
 //! - `spin`, for the latency floor only: never sleeps.
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_postgres::Client;
 
 const WAIT_SQL: &str = include_str!("../../sql/schema/0005_wait.sql");
-pub(crate) const CANDIDATES: [&str; 3] = ["lock", "poll", "poll-fine"];
+pub(crate) const CANDIDATES: [&str; 4] = ["lock", "row-lock", "poll", "poll-fine"];
 /// Not a candidate: looks again at once, without sleeping, for the floor of what any way of
 /// waiting can reach (the relay's own commit after its mark, one look, the reply).
 const FLOOR: &str = "spin";
@@ -42,6 +45,11 @@ fn candidate_sql(name: &str) -> Result<String> {
     let no_lock = "lock_wait  boolean := false;";
     match name {
         "lock" => {}
+        "row-lock" => swap(
+            "PERFORM pg_advisory_xact_lock_shared(1718051123, h) FROM unnest(holders) h;",
+            "PERFORM FROM fga_outbox WHERE id = ANY (wanted) \
+             AND processed_at IS NULL AND failed_at IS NULL FOR KEY SHARE;",
+        )?,
         "poll" => swap(lock_wait, no_lock)?,
         "poll-fine" => {
             swap(lock_wait, no_lock)?;

@@ -1,6 +1,13 @@
 -- Locks the rows of one Write for the time it is in flight, within that Write's transaction.
 -- $1: the ids. Returns the ids locked: a row missing is held by another session (a relay that
 -- lost leadership but has not stopped yet), or was delivered or dead-lettered meanwhile.
+--
+-- Before the first row, the transaction also takes the advisory lock (1718051123, <its own
+-- 32-bit transaction id>), which `fga_outbox_wait` queues for when it finds a row locked by this
+-- transaction (the row's xmax): waiters wake at this transaction's end without locking the row
+-- themselves. One lock a Write; the planner runs the uncorrelated subquery once, before the scan.
 SELECT id FROM fga_outbox
 WHERE id = ANY($1) AND processed_at IS NULL AND failed_at IS NULL
+  AND (SELECT true FROM pg_advisory_xact_lock(1718051123,
+           (pg_current_xact_id()::text::bigint % 4294967296 - 2147483648)::integer))
 FOR UPDATE SKIP LOCKED

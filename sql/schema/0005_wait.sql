@@ -14,19 +14,20 @@
 -- How it waits. Each look is one statement, so under READ COMMITTED it sees every commit made
 -- before it. Between looks:
 -- - While a listed row is locked by a running transaction (the relay claims rows FOR UPDATE for
---   the time of their Write and marks them in the same transaction), it queues for that row lock
---   with FOR KEY SHARE, so it wakes the moment the relay commits, and reads the rows as the
---   relay left them in the same statement: when that delivered every pending row, it returns at
---   once. The lock it then gets is
---   dropped at once by rolling back the block that took it: the relay never finds it in its way
---   (its claim skips locked rows), and a writer's INSERT never conflicts with it. Taking that
---   lock gives the call a transaction id, so its commit writes (and flushes) a commit record.
---   A row still pending after the relay's commit was held back: it sleeps before queueing again.
+--   the time of their Write and marks them in the same transaction), it queues, shared, for the
+--   advisory lock (1718051123, <that transaction's id>) which the relay's Write transaction
+--   takes before it locks any row (sql/queries/lock.sql), so it wakes the moment the relay
+--   commits, and looks again at once. The lock it gets is dropped at once by rolling back the
+--   block that took it: waiters never hold up the relay (its next Write has another
+--   transaction id) nor one another (shared), and a wait never writes: no transaction id, no
+--   WAL, no commit to flush. Rows locked by anyone else (no such advisory lock) are looked at
+--   again after a nap, as below. A row still pending after the relay's commit was held back:
+--   it naps before queueing again.
 -- - While no one holds them (not yet claimed, or the relay is down, behind or backing off), and
---   in a read-only transaction (a hot standby), which cannot lock rows, it sleeps 1 ms, doubling
---   up to 256 ms: a relay that is up claims a new row within a millisecond or two, and a wait
---   that lasts costs about 4 looks a second (a look costs 0.1-0.3 ms of CPU). In a backlog, it
---   may notice its rows up to 256 ms after the relay marked them.
+--   on a hot standby (which never sees the relay's locks), it sleeps 1 ms, doubling up to
+--   256 ms: a relay that is up claims a new row within a millisecond or two, and a wait that
+--   lasts costs about 4 looks a second (a look costs about 0.1 ms of CPU). In a backlog, it may
+--   notice its rows up to 256 ms after the relay marked them.
 -- Every look runs in a block that is rolled back, which also releases the table lock that the
 -- look took: a wait holds no lock while it sleeps, so DDL on the table (`fga-relay migrate`), and
 -- the writers queued behind it, are not held up by waiters.
@@ -41,14 +42,18 @@ RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 -- The lock_timeout set for each look stays inside the function.
 SET lock_timeout = 0
+-- Its statements take the array of ids as a parameter: the custom plans PostgreSQL would keep
+-- choosing cost a replanning at every look (a third of a wait's CPU, measured); the generic plan
+-- is the same primary-key lookup.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     deadline   timestamptz := clock_timestamp() + greatest(timeout, interval '0');
     wanted     bigint[];
     -- The 64-bit form of a 32-bit transaction id (xmax) is found near this one.
     ref        bigint := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
-    -- Row locks need a read-write transaction.
-    lock_wait  boolean := current_setting('transaction_read_only') = 'off';
+    -- A hot standby never sees the relay's locks.
+    lock_wait  boolean := NOT pg_is_in_recovery();
     first_nap  constant float8 := 0.001;
     max_nap    constant float8 := 0.256;
     nap        float8 := first_nap;
@@ -58,9 +63,8 @@ DECLARE
     waited     boolean := false;
     found_n    bigint;
     pending_n  bigint;
-    locked     bigint[];
-    -- Of the locked rows, those the relay had marked delivered when it let go of them.
-    settled    bigint;
+    -- The transactions (their 32-bit ids, as advisory lock keys) holding listed pending rows.
+    holders    integer[];
     dead       text;
 BEGIN
     IF ids IS NULL OR timeout IS NULL OR array_position(ids, NULL) IS NOT NULL THEN
@@ -85,15 +89,14 @@ BEGIN
     LOOP
         looked := false;
         waiting := false;
-        settled := 0;
         BEGIN
             PERFORM set_config('lock_timeout',
                 greatest(1, ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000))::text
                     || 'ms', true);
             SELECT count(*),
                    count(*) FILTER (WHERE processed_at IS NULL AND failed_at IS NULL),
-                   -- Pending rows locked by a transaction running when this look began.
-                   array_agg(id) FILTER (
+                   -- Transactions running when this look began that lock pending rows.
+                   array_agg(DISTINCT (xmax::text::bigint - 2147483648)::integer) FILTER (
                        WHERE processed_at IS NULL AND failed_at IS NULL AND xmax <> '0'::xid
                          AND NOT pg_visible_in_snapshot(greatest(3, ref - 2147483648
                                + ((xmax::text::bigint - ref) % 4294967296 + 6442450944)
@@ -101,19 +104,14 @@ BEGIN
                              pg_current_snapshot())),
                    min(format('dead: row %s: %s', id, coalesce(last_error, 'no error recorded')))
                        FILTER (WHERE processed_at IS NULL AND failed_at IS NOT NULL)
-              INTO found_n, pending_n, locked, dead
+              INTO found_n, pending_n, holders, dead
               FROM fga_outbox
              WHERE id = ANY (wanted);
             looked := true;
-            IF locked IS NOT NULL AND dead IS NULL AND lock_wait AND NOT waited THEN
-                -- Queue behind the transaction that holds them: the relay's delivery. Once the
-                -- lock is ours, READ COMMITTED hands back the rows as the relay left them, so
-                -- this also tells whether they were delivered, without another look.
+            IF holders IS NOT NULL AND dead IS NULL AND lock_wait AND NOT waited THEN
+                -- Queue behind the transactions that hold them: the relay's Writes.
                 waiting := true;
-                SELECT count(*) FILTER (WHERE r.processed_at IS NOT NULL)
-                  INTO settled
-                  FROM (SELECT processed_at FROM fga_outbox
-                         WHERE id = ANY (locked) FOR KEY SHARE) r;
+                PERFORM pg_advisory_xact_lock_shared(1718051123, h) FROM unnest(holders) h;
             END IF;
             RAISE SQLSTATE 'FW000';
         EXCEPTION
@@ -133,7 +131,7 @@ BEGIN
             IF dead IS NOT NULL THEN
                 RETURN dead;
             END IF;
-            IF pending_n = 0 OR (waiting AND settled = pending_n) THEN
+            IF pending_n = 0 THEN
                 RETURN 'delivered';
             END IF;
         END IF;

@@ -117,6 +117,60 @@ async fn returns_pending_at_its_timeout_while_the_write_hangs() {
     assert!(!env.row(id).await.delivered);
 }
 
+/// A row in flight: the wait queues behind the relay's Write (for the advisory lock the Write's
+/// transaction holds, keyed by its id), rather than napping and looking again, and returns
+/// `delivered` once OpenFGA has the tuple. It takes no row lock and no transaction id, so it
+/// writes nothing: called inside a READ COMMITTED transaction, that transaction still has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_row_in_flight_queues_behind_the_write_and_writes_nothing() {
+    let env = Env::start().await;
+    env.fga
+        .push_fault(FaultRule::times(Fault::Delay(Duration::from_secs(3)), 1));
+    let _relay = env.start_relay().await;
+    let waiter = env.db.connect().await;
+    let id = insert_with(&waiter, a_tuple(1)).await;
+    wait_until(PROMPTLY, "the relay holds the row in flight", || async {
+        env.idle_in_transaction().await >= 1
+    })
+    .await;
+    let pid: i32 = waiter
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let waiting = tokio::spawn(async move {
+        waiter.batch_execute("BEGIN").await?;
+        let answer = wait_for(&waiter, &[id], "10s").await?;
+        let xid: Option<String> = waiter
+            .query_one("SELECT pg_current_xact_id_if_assigned()::text", &[])
+            .await?
+            .get(0);
+        waiter.batch_execute("COMMIT").await?;
+        Ok::<_, tokio_postgres::Error>((answer, xid))
+    });
+    let admin = env.db.connect().await;
+    wait_until(
+        PROMPTLY,
+        "the wait queues for the Write's advisory lock",
+        || async {
+            crate::common::pg::count(
+                &admin,
+                "SELECT count(*) FROM pg_stat_activity \
+             WHERE pid = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+                &[&pid],
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert!(!env.fga.has("user:u1", "viewer", "document:1"));
+    let (answer, xid) = waiting.await.unwrap().unwrap();
+    assert_eq!(answer, "delivered");
+    assert!(env.fga.has("user:u1", "viewer", "document:1"));
+    assert_eq!(xid, None, "the wait took a transaction id");
+}
+
 /// Fifty writers, each waiting for its own row while the Writes take a while: every one of them
 /// hears `delivered`, and at that moment OpenFGA has its tuple.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
