@@ -41,7 +41,7 @@ fn candidate_sql(name: &str) -> Result<String> {
         sql = sql.replace(from, to);
         Ok(())
     };
-    let lock_wait = "lock_wait  boolean := current_setting('transaction_read_only') = 'off';";
+    let lock_wait = "lock_wait  boolean := NOT pg_is_in_recovery();";
     let no_lock = "lock_wait  boolean := false;";
     match name {
         "lock" => {}
@@ -55,7 +55,7 @@ fn candidate_sql(name: &str) -> Result<String> {
             swap(lock_wait, no_lock)?;
             swap(
                 "PERFORM pg_sleep(least(nap,",
-                "PERFORM pg_sleep(least(CASE WHEN locked IS NULL THEN nap ELSE first_nap END,",
+                "PERFORM pg_sleep(least(CASE WHEN holders IS NULL THEN nap ELSE first_nap END,",
             )?;
         }
         "spin" => {
