@@ -213,27 +213,22 @@ impl Flight {
     /// Sends the Write in a transaction of its own that holds its rows' locks while it is in
     /// flight and, when OpenFGA accepts it, marks the rows it completes delivered. So rows are
     /// marked as their Writes are answered, and a crash leaves at most the Writes in flight to
-    /// send again.
-    async fn fly(self, crew: Crew) -> (Flight, Result<Answer, StoreError>) {
-        let answer = self.send(&crew).await;
+    /// send again. `locked`: that transaction, already open with exactly these rows locked (the
+    /// pass's first page, see [`Spare`]).
+    async fn fly(
+        self,
+        crew: Crew,
+        locked: Option<WriteTx>,
+    ) -> (Flight, Result<Answer, StoreError>) {
+        let answer = self.send(&crew, locked).await;
         (self, answer)
     }
 
-    async fn send(&self, crew: &Crew) -> Result<Answer, StoreError> {
-        let Crew {
-            store,
-            client,
-            metrics,
-            gate,
-            ask,
-            window,
-        } = crew;
-        if gate.is_closed() {
-            return Ok(Answer::Deferred);
-        }
-        let tx = WriteTx(Some(store.pool().get().await?));
+    /// Opens the Write's transaction and locks its rows, or says why the Write does not go.
+    async fn lock(&self, crew: &Crew) -> Result<Result<WriteTx, Answer>, StoreError> {
+        let tx = WriteTx(Some(crew.store.pool().get().await?));
         let conn = tx.conn();
-        let (lock, mark) = store.write_statements(conn).await?;
+        let (lock, _) = crew.store.write_statements(conn).await?;
         let ids = self.plan.ids();
         // BEGIN and the lock in one round trip (tokio-postgres pipelines requests polled
         // together, in the order they were first polled), as are the mark and COMMIT below:
@@ -245,13 +240,37 @@ impl Flight {
             .iter()
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;
-        if got.len() < ids.len() || gate.is_closed() {
+        if got.len() < ids.len() {
             conn.batch_execute("ROLLBACK").await?;
             tx.finish();
-            if got.len() < ids.len() {
-                let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
-                return Ok(Answer::Held(missing));
-            }
+            let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
+            return Ok(Err(Answer::Held(missing)));
+        }
+        Ok(Ok(tx))
+    }
+
+    async fn send(&self, crew: &Crew, locked: Option<WriteTx>) -> Result<Answer, StoreError> {
+        let Crew {
+            store,
+            client,
+            metrics,
+            gate,
+            ask,
+            window,
+        } = crew;
+        let tx = match locked {
+            Some(tx) => tx,
+            None if gate.is_closed() => return Ok(Answer::Deferred),
+            None => match self.lock(crew).await? {
+                Ok(tx) => tx,
+                Err(answer) => return Ok(answer),
+            },
+        };
+        let conn = tx.conn();
+        let (_, mark) = store.write_statements(conn).await?;
+        if gate.is_closed() {
+            conn.batch_execute("ROLLBACK").await?;
+            tx.finish();
             return Ok(Answer::Deferred);
         }
         // The pass's `keep_going` (shutdown, the lease) is asked again before the Write goes:
@@ -336,6 +355,31 @@ impl Drop for WriteTx {
         if let Some(conn) = self.0.take() {
             drop(deadpool_postgres::Client::take(conn));
         }
+    }
+}
+
+/// The pass's first page, read and locked in a transaction of its own (claim_locked.sql). When
+/// the pass's first Write is that whole page (the few rows a wake-up finds), the Write goes in
+/// that transaction and needs no lock statement: a round trip less between a commit and OpenFGA.
+/// Otherwise it is rolled back before any Write locks rows.
+struct Spare {
+    tx: WriteTx,
+    /// The rows it locked, in id order.
+    ids: Vec<i64>,
+}
+
+impl Spare {
+    /// The transaction, if it locked exactly `plan`'s rows.
+    fn fits(&self, plan: &Plan) -> bool {
+        let mut ids = plan.ids();
+        ids.sort_unstable();
+        ids == self.ids
+    }
+
+    async fn release(self) -> Result<(), StoreError> {
+        self.tx.conn().batch_execute("ROLLBACK").await?;
+        self.tx.finish();
+        Ok(())
     }
 }
 
@@ -510,6 +554,7 @@ impl Deliverer {
         let mut exhausted = false;
         let mut launching = true;
         let mut failed: Option<StoreError> = None;
+        let mut spare: Option<Spare> = None;
         let gate = Gate::default();
         // Writes about to leave ask here whether they still may (see `Flight::send`).
         let (ask, mut asked) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
@@ -526,14 +571,23 @@ impl Deliverer {
                 launching = false;
             }
             if launching && !exhausted && queue.len() < batch {
+                // The first page is read locked, for the first Write (see `Spare`), and no
+                // larger than a Write can be, so that a page it is not costs few locks.
+                let first = after == 0;
+                let limit = if first {
+                    batch.min(self.max_tuples.max(1))
+                } else {
+                    batch
+                };
                 match self
-                    .read_page(after, batch, &mut queue, &mut blocked, &mut report)
+                    .read_page(after, limit, first, &mut queue, &mut blocked, &mut report)
                     .await
                 {
-                    Ok(None) => exhausted = true,
-                    Ok(Some((last, n))) => {
+                    Ok((None, _)) => exhausted = true,
+                    Ok((Some((last, n)), locked)) => {
                         after = last;
-                        exhausted = n < batch;
+                        exhausted = n < limit;
+                        spare = locked;
                     }
                     Err(e) => {
                         failed.get_or_insert(e);
@@ -557,13 +611,34 @@ impl Deliverer {
                     Self::requeue(&mut queue, plan.into_rows());
                     break;
                 }
+                let locked = match spare.take() {
+                    Some(s) if s.fits(&plan) => Some(s.tx),
+                    Some(s) => {
+                        if let Err(e) = s.release().await {
+                            failed.get_or_insert(e);
+                            launching = false;
+                            Self::requeue(&mut queue, plan.into_rows());
+                            break;
+                        }
+                        None
+                    }
+                    None => None,
+                };
                 let flight = Flight::new(plan, &self.memo);
                 for h in &flight.keys {
                     *in_flight.entry(*h).or_default() += 1;
                 }
                 report.writes += 1;
-                flights.spawn(flight.fly(crew.clone()));
+                flights.spawn(flight.fly(crew.clone(), locked));
                 self.metrics.writes_in_flight.set(flights.len() as i64);
+            }
+            // Not the first Write's: let go of its rows before anything else locks them (the
+            // rows delivered without a Write are marked on another connection).
+            if let Some(s) = spare.take()
+                && let Err(e) = s.release().await
+            {
+                failed.get_or_insert(e);
+                launching = false;
             }
             let joined = tokio::select! {
                 Some(reply) = asked.recv() => {
@@ -621,22 +696,43 @@ impl Deliverer {
     }
 
     /// Reads the next page of pending rows into the queue. Returns the last id read and how
-    /// many rows, or `None` when there are no more.
+    /// many rows, or `None` when there are no more. With `lock` (the first page of a pass), it
+    /// reads them locked, and returns the transaction that holds them if every row read went
+    /// into the queue.
     async fn read_page(
         &mut self,
         after: i64,
         batch: usize,
+        lock: bool,
         queue: &mut BTreeMap<i64, Candidate>,
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
-    ) -> Result<Option<(i64, usize)>, StoreError> {
-        let conn = self.store.pool().get().await?;
-        let rows = self.store.claim(&conn, after, batch as i64).await?;
+    ) -> Result<(Option<(i64, usize)>, Option<Spare>), StoreError> {
+        // A connection left inside a transaction by an error is closed, not pooled.
+        let tx = WriteTx(Some(self.store.pool().get().await?));
+        let conn = tx.conn();
+        // A transaction is open, holding the rows read.
+        let mut open = false;
+        let rows = match lock {
+            true => match self.store.claim_locked(conn, after, batch as i64).await? {
+                Some(rows) => {
+                    open = true;
+                    rows
+                }
+                None => self.store.claim(conn, after, batch as i64).await?,
+            },
+            false => self.store.claim(conn, after, batch as i64).await?,
+        };
         let Some(last) = rows.last().map(|r| r.id) else {
-            return Ok(None);
+            if open {
+                conn.batch_execute("ROLLBACK").await?;
+            }
+            tx.finish();
+            return Ok((None, None));
         };
         let n = rows.len();
         let now = Instant::now();
+        let mut ids = Vec::with_capacity(n);
         for row in rows {
             let parsed = match &row.payload {
                 Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
@@ -645,7 +741,11 @@ impl Deliverer {
             let payload = match parsed {
                 Ok(p) => p,
                 Err(e) => {
-                    self.dead_letter(&conn, row.id, &e, report).await?;
+                    // Not in that transaction: the rows it holds may yet be let go.
+                    if std::mem::take(&mut open) {
+                        conn.batch_execute("ROLLBACK").await?;
+                    }
+                    self.dead_letter(conn, row.id, &e, report).await?;
                     continue;
                 }
             };
@@ -658,6 +758,7 @@ impl Deliverer {
                 report.due(at);
                 continue;
             }
+            ids.push(row.id);
             queue.insert(
                 row.id,
                 Candidate {
@@ -668,7 +769,17 @@ impl Deliverer {
                 },
             );
         }
-        Ok(Some((last, n)))
+        let spare = if open && ids.len() == n {
+            Some(Spare { tx, ids })
+        } else {
+            if open {
+                // A row held back: no Write will be this page.
+                conn.batch_execute("ROLLBACK").await?;
+            }
+            tx.finish();
+            None
+        };
+        Ok((Some((last, n)), spare))
     }
 
     /// A Write answered (or not sent, its rows held elsewhere): account for it.

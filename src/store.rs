@@ -38,6 +38,7 @@ pub struct PendingCounts {
 #[derive(Debug)]
 struct Queries {
     claim: String,
+    claim_locked: String,
     lock: String,
     mark_delivered: String,
     record_failure: String,
@@ -64,6 +65,7 @@ impl Store {
         let r = |sql: &str| render(sql, &table);
         let q = Queries {
             claim: r(include_str!("../sql/queries/claim.sql")),
+            claim_locked: r(include_str!("../sql/queries/claim_locked.sql")),
             lock: r(include_str!("../sql/queries/lock.sql")),
             mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
             record_failure: r(include_str!("../sql/queries/record_failure.sql")),
@@ -112,7 +114,34 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim).await?;
-        let rows = tx.query(&stmt, &[&after, &limit]).await?;
+        Self::claimed(tx.query(&stmt, &[&after, &limit]).await?)
+    }
+
+    /// Opens a transaction on `conn` and reads the page of pending rows after `after` in it,
+    /// locked as a Write's rows are (claim_locked.sql). `None` when another session holds one
+    /// of them: the transaction is then rolled back.
+    pub async fn claim_locked(
+        &self,
+        conn: &deadpool_postgres::Client,
+        after: i64,
+        limit: i64,
+    ) -> Result<Option<Vec<ClaimedRow>>, tokio_postgres::Error> {
+        let stmt = conn.prepare_cached(&self.q.claim_locked).await?;
+        // BEGIN and the read in one round trip, as a Write's BEGIN and lock are.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&after, &limit];
+        let (begun, read) = tokio::join!(conn.batch_execute("BEGIN"), conn.query(&stmt, &params));
+        begun?;
+        match read {
+            Ok(rows) => Self::claimed(rows).map(Some),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                conn.batch_execute("ROLLBACK").await?;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn claimed(rows: Vec<tokio_postgres::Row>) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         rows.into_iter()
             .map(|r| {
                 Ok(ClaimedRow {
