@@ -14,7 +14,9 @@
 //! row on its tuples (the order rule with the Write still undecided). Rows are read a page at a
 //! time without locks; each Write runs in a transaction of its own that locks its rows
 //! (`FOR UPDATE SKIP LOCKED`: a row another session holds is not sent, and blocks its tuples),
-//! sends the Write, and marks the rows delivered when OpenFGA accepts it. So rows are marked as
+//! sends the Write, and marks the rows delivered when OpenFGA accepts it. The exception is a
+//! pass's first page, read already locked: when it is exactly the first Write, that Write goes
+//! in the transaction that read it (see [`Spare`]). So rows are marked as
 //! their Writes are answered, no transaction spans more than one Write, and a crash sends again
 //! at most what was in flight. The window adapts as TCP's does: halved by a 429, a 5xx or a
 //! timeout, grown by one Write per window of successes, up to `--max-in-flight`. A

@@ -6,14 +6,15 @@
 -- When it is not, the relay rolls this transaction back before any Write locks its rows, and
 -- goes on as after claim.sql.
 --
--- The advisory lock is the one every Write's transaction takes (see lock.sql). NOWAIT: a row
--- another session holds fails the whole read (55P03); the relay then reads the page without
--- locks (claim.sql), and finds the held row when its Write tries to lock it.
+-- The advisory lock is the one every Write's transaction takes (see lock.sql), taken only once
+-- a pending row is found: a pass that finds nothing takes no transaction id and writes nothing.
+-- NOWAIT: a row another session holds fails the whole read (55P03); the relay then reads the
+-- page without locks (claim.sql), and finds the held row when its Write tries to lock it.
 SELECT id, payload::text, created_at, attempts
 FROM fga_outbox
 WHERE processed_at IS NULL AND failed_at IS NULL AND id > $1
-  AND (SELECT true FROM pg_advisory_xact_lock(1718051123,
-           (pg_current_xact_id()::text::bigint % 4294967296 - 2147483648)::integer))
+  AND pg_advisory_xact_lock(1718051123,
+          (pg_current_xact_id()::text::bigint % 4294967296 - 2147483648)::integer) IS NOT NULL
 ORDER BY id
 LIMIT $2
 FOR UPDATE NOWAIT

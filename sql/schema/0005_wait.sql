@@ -16,21 +16,21 @@
 -- - While a listed row is locked by a running transaction (the relay claims rows FOR UPDATE for
 --   the time of their Write and marks them in the same transaction), it queues, shared, for the
 --   advisory lock (1718051123, <that transaction's id>) which the relay's Write transaction
---   takes before it locks any row (sql/queries/lock.sql), so it wakes the moment the relay
---   commits, and looks again at once. The lock it gets is dropped at once by rolling back the
---   block that took it: waiters never hold up the relay (its next Write has another
+--   takes before it locks a row (sql/queries/lock.sql), so it wakes the moment the relay
+--   commits, and looks again at once. If the rows are then held by other transactions (the
+--   relay's next Write of them), it queues again; if by the same ones, they take no such lock
+--   (not the relay's Writes): it naps as below. The lock it gets is dropped at once by rolling
+--   back the block that took it: waiters never hold up the relay (its next Write has another
 --   transaction id) nor one another (shared), and a wait never writes: no transaction id, no
---   WAL, no commit to flush. Rows locked by anyone else (no such advisory lock) are looked at
---   again after a nap, as below. A row still pending after the relay's commit was held back:
---   it naps before queueing again.
+--   WAL, no commit to flush.
 -- - While no one holds them (not yet claimed, or the relay is down, behind or backing off), and
 --   on a hot standby (which never sees the relay's locks), it sleeps 1 ms, doubling up to
 --   256 ms: a relay that is up claims a new row within a millisecond or two, and a wait that
 --   lasts costs about 4 looks a second (a look costs about 0.1 ms of CPU). In a backlog, it may
 --   notice its rows up to 256 ms after the relay marked them.
--- Every look runs in a block that is rolled back, which also releases the table lock that the
--- look took: a wait holds no lock while it sleeps, so DDL on the table (`fga-relay migrate`), and
--- the writers queued behind it, are not held up by waiters.
+-- Every look runs in a block of its own that is rolled back, which releases the table lock that
+-- the look took, before it queues or sleeps: a wait holds no lock on the table, so DDL on it
+-- (`fga-relay migrate`), and the writers queued behind the DDL, are not held up by waiters.
 --
 -- SECURITY DEFINER: it runs as the table's owner, so that a writer needs only EXECUTE on it (and
 -- the ids), not SELECT on the table nor the UPDATE privilege row locks ask for. What it tells a
@@ -59,12 +59,14 @@ DECLARE
     nap        float8 := first_nap;
     first      boolean := true;
     looked     boolean;
-    waiting    boolean := false;
-    waited     boolean := false;
     found_n    bigint;
     pending_n  bigint;
-    -- The transactions (their 32-bit ids, as advisory lock keys) holding listed pending rows.
+    -- The transactions (their 32-bit ids, as advisory lock keys) holding listed pending rows;
+    -- a row's xmax can also be a multixact (several lockers, none of them the relay's Write):
+    -- its number is then a key nobody or an unrelated Write holds, and lock_timeout bounds it.
     holders    integer[];
+    -- Those the last queueing was for.
+    queued_for integer[];
     dead       text;
 BEGIN
     IF ids IS NULL OR timeout IS NULL OR array_position(ids, NULL) IS NOT NULL THEN
@@ -88,8 +90,8 @@ BEGIN
 
     LOOP
         looked := false;
-        waiting := false;
         BEGIN
+            -- DDL holding the table makes the look wait: no longer than the timeout.
             PERFORM set_config('lock_timeout',
                 greatest(1, ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000))::text
                     || 'ms', true);
@@ -108,11 +110,6 @@ BEGIN
               FROM fga_outbox
              WHERE id = ANY (wanted);
             looked := true;
-            IF holders IS NOT NULL AND dead IS NULL AND lock_wait AND NOT waited THEN
-                -- Queue behind the transactions that hold them: the relay's Writes.
-                waiting := true;
-                PERFORM pg_advisory_xact_lock_shared(1718051123, h) FROM unnest(holders) h;
-            END IF;
             RAISE SQLSTATE 'FW000';
         EXCEPTION
             WHEN SQLSTATE 'FW000' OR lock_not_available THEN
@@ -138,10 +135,23 @@ BEGIN
         IF clock_timestamp() >= deadline THEN
             RETURN 'pending';
         END IF;
-        -- Woken by the relay's commit: look again at once. Rows still pending then were held,
-        -- not sent (a relay backing off claims them in every pass): sleep before the next lock.
-        waited := waiting;
-        IF NOT waited THEN
+        IF looked AND holders IS NOT NULL AND lock_wait
+           AND holders IS DISTINCT FROM queued_for THEN
+            -- Queue behind the transactions that hold them: the relay's Writes. Then look again
+            -- at once; a later nap starts short again.
+            queued_for := holders;
+            nap := first_nap;
+            BEGIN
+                PERFORM set_config('lock_timeout',
+                    greatest(1, ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000))::text
+                        || 'ms', true);
+                PERFORM pg_advisory_xact_lock_shared(1718051123, h) FROM unnest(holders) h;
+                RAISE SQLSTATE 'FW000';
+            EXCEPTION
+                WHEN SQLSTATE 'FW000' OR lock_not_available THEN
+                    NULL;
+            END;
+        ELSE
             PERFORM pg_sleep(least(nap, extract(epoch FROM deadline - clock_timestamp())));
             nap := least(nap * 2, max_nap);
         END IF;

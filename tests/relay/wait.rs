@@ -119,8 +119,9 @@ async fn returns_pending_at_its_timeout_while_the_write_hangs() {
 
 /// A row in flight: the wait queues behind the relay's Write (for the advisory lock the Write's
 /// transaction holds, keyed by its id), rather than napping and looking again, and returns
-/// `delivered` once OpenFGA has the tuple. It takes no row lock and no transaction id, so it
-/// writes nothing: called inside a READ COMMITTED transaction, that transaction still has none.
+/// `delivered` once OpenFGA has the tuple. While queued it holds no lock on the table, and it
+/// takes no row lock and no transaction id, so it writes nothing: called inside a READ COMMITTED
+/// transaction, that transaction still has none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_a_row_in_flight_queues_behind_the_write_and_writes_nothing() {
     let env = Env::start().await;
@@ -164,6 +165,14 @@ async fn a_wait_for_a_row_in_flight_queues_behind_the_write_and_writes_nothing()
         },
     )
     .await;
+    // Queued, it holds no lock on the table: DDL would wait for the relay's Write only.
+    let table_locks = crate::common::pg::count(
+        &admin,
+        "SELECT count(*) FROM pg_locks WHERE pid = $1 AND relation = 'fga_outbox'::regclass",
+        &[&pid],
+    )
+    .await;
+    assert_eq!(table_locks, 0, "the queued wait holds a lock on the table");
     assert!(!env.fga.has("user:u1", "viewer", "document:1"));
     let (answer, xid) = waiting.await.unwrap().unwrap();
     assert_eq!(answer, "delivered");
