@@ -26,6 +26,9 @@ pub(crate) struct Args {
     /// Dead rows in front of the backlog in the dead-rows scenario [100000; smoke 2000].
     #[arg(long)]
     pub(crate) dead: Option<usize>,
+    /// Burn-downs of the dead-rows scenario, clean and with the pile, one pair a round [3; smoke 1].
+    #[arg(long)]
+    pub(crate) dead_rounds: Option<usize>,
     /// Rows in each burn-down of the speed scenario [20000; smoke 500].
     #[arg(long)]
     pub(crate) speed_backlog: Option<usize>,
@@ -112,6 +115,7 @@ pub(crate) struct Sizes {
     pub(crate) backlog: usize,
     pub(crate) history: usize,
     pub(crate) dead: usize,
+    pub(crate) dead_rounds: usize,
     pub(crate) speed_backlog: usize,
     pub(crate) speed_windows: Vec<usize>,
     pub(crate) baseline_backlog: usize,
@@ -142,6 +146,7 @@ impl Sizes {
             backlog: a.backlog.unwrap_or(if s { 2_000 } else { 100_000 }).max(1),
             history: a.history.unwrap_or(if s { 20_000 } else { 1_000_000 }),
             dead: a.dead.unwrap_or(if s { 2_000 } else { 100_000 }),
+            dead_rounds: a.dead_rounds.unwrap_or(if s { 1 } else { 3 }).max(1),
             speed_backlog: a
                 .speed_backlog
                 .unwrap_or(if s { 500 } else { 20_000 })

@@ -136,9 +136,9 @@ impl Results {
             );
         }
         if let Some(d) = &self.dead {
-            let burn = d.with_dead.rows_per_s() / d.clean.rows_per_s();
+            let burn = d.burn_ratio;
             println!(
-                "| dead rows: {} in front vs none | latency p50 {} vs {} ms, p99 {} vs {} ms; claim of a page {} vs {} buffers, {:.2} vs {:.2} ms; burn-down {:.0} vs {:.0} rows/s ({burn:.2}×) | within 10% | {} |",
+                "| dead rows: {} in front vs none | latency p50 {} vs {} ms, p99 {} vs {} ms; claim of a page {} vs {} buffers, {:.2} vs {:.2} ms; burn-down {:.0} vs {:.0} rows/s in the first round; {burn:.2}× (median of {}) | within 10% | {} |",
                 d.dead,
                 ms(d.dead_latency.relay.p50),
                 ms(d.clean_latency.relay.p50),
@@ -150,6 +150,7 @@ impl Results {
                 exec_ms(&d.explain_clean),
                 d.with_dead.rows_per_s(),
                 d.clean.rows_per_s(),
+                d.burn_ratios.len(),
                 // p99 of a few hundred commits is noisy: 1 ms of slack besides the 10%.
                 self.verdict(
                     sizes,
