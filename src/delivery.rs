@@ -230,10 +230,10 @@ impl Flight {
     async fn lock(&self, crew: &Crew) -> Result<Result<WriteTx, Answer>, StoreError> {
         let tx = WriteTx(Some(crew.store.pool().get().await?));
         let conn = tx.conn();
-        let (lock, _) = crew.store.write_statements(conn).await?;
+        let lock = crew.store.lock_statement(conn).await?;
         let ids = self.plan.ids();
         // BEGIN and the lock in one round trip (tokio-postgres pipelines requests polled
-        // together, in the order they were first polled), as are the mark and COMMIT below:
+        // together, in the order they were first polled), as are the mark and COMMIT in `send`:
         // one Write at a time then costs no more round trips than a page claimed at once did.
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
         let (begun, locked) = tokio::join!(conn.batch_execute("BEGIN"), conn.query(&lock, &params));
@@ -243,8 +243,7 @@ impl Flight {
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;
         if got.len() < ids.len() {
-            conn.batch_execute("ROLLBACK").await?;
-            tx.finish();
+            tx.rollback().await?;
             let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
             return Ok(Err(Answer::Held(missing)));
         }
@@ -268,11 +267,8 @@ impl Flight {
                 Err(answer) => return Ok(answer),
             },
         };
-        let conn = tx.conn();
-        let (_, mark) = store.write_statements(conn).await?;
         if gate.is_closed() {
-            conn.batch_execute("ROLLBACK").await?;
-            tx.finish();
+            tx.rollback().await?;
             return Ok(Answer::Deferred);
         }
         // The pass's `keep_going` (shutdown, the lease) is asked again before the Write goes:
@@ -280,8 +276,7 @@ impl Flight {
         // by the Write's body, as the connection writes it (see `send_window`).
         let (reply, answer) = oneshot::channel();
         if ask.send(reply).is_err() || !answer.await.unwrap_or(false) {
-            conn.batch_execute("ROLLBACK").await?;
-            tx.finish();
+            tx.rollback().await?;
             return Ok(Answer::Deferred);
         }
         let ops = self.plan.ops();
@@ -299,8 +294,7 @@ impl Flight {
         if !sent || (result.is_err() && !window.is_open()) {
             // Not sent, or the lease ran out meanwhile: whatever became of the Write, the next
             // leader sends its rows again after the fence. Nothing to hold against them.
-            conn.batch_execute("ROLLBACK").await?;
-            tx.finish();
+            tx.rollback().await?;
             return Ok(Answer::Deferred);
         }
         if let Err(e) = &result
@@ -310,15 +304,17 @@ impl Flight {
         }
         if result.is_ok() && !self.complete.is_empty() {
             // A failed UPDATE turns the COMMIT into a rollback; the rows are sent again.
+            let conn = tx.conn();
+            let mark = store.mark_statement(conn).await?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.complete];
             let (marked, committed) =
                 tokio::join!(conn.execute(&mark, &params), conn.batch_execute("COMMIT"));
             marked?;
             committed?;
+            tx.finish();
         } else {
-            conn.batch_execute("ROLLBACK").await?;
+            tx.rollback().await?;
         }
-        tx.finish();
         Ok(Answer::Sent(result))
     }
 }
@@ -350,6 +346,13 @@ impl WriteTx {
         // Back to the pool, the transaction over.
         drop(self.0.take());
     }
+
+    /// Rolls the transaction back and gives the connection back to the pool.
+    async fn rollback(self) -> Result<(), tokio_postgres::Error> {
+        self.conn().batch_execute("ROLLBACK").await?;
+        self.finish();
+        Ok(())
+    }
 }
 
 impl Drop for WriteTx {
@@ -376,12 +379,6 @@ impl Spare {
         let mut ids = plan.ids();
         ids.sort_unstable();
         ids == self.ids
-    }
-
-    async fn release(self) -> Result<(), StoreError> {
-        self.tx.conn().batch_execute("ROLLBACK").await?;
-        self.tx.finish();
-        Ok(())
     }
 }
 
@@ -616,8 +613,8 @@ impl Deliverer {
                 let locked = match spare.take() {
                     Some(s) if s.fits(&plan) => Some(s.tx),
                     Some(s) => {
-                        if let Err(e) = s.release().await {
-                            failed.get_or_insert(e);
+                        if let Err(e) = s.tx.rollback().await {
+                            failed.get_or_insert(e.into());
                             launching = false;
                             Self::requeue(&mut queue, plan.into_rows());
                             break;
@@ -637,9 +634,9 @@ impl Deliverer {
             // Not the first Write's: let go of its rows before anything else locks them (the
             // rows delivered without a Write are marked on another connection).
             if let Some(s) = spare.take()
-                && let Err(e) = s.release().await
+                && let Err(e) = s.tx.rollback().await
             {
-                failed.get_or_insert(e);
+                failed.get_or_insert(e.into());
                 launching = false;
             }
             let joined = tokio::select! {
@@ -713,23 +710,22 @@ impl Deliverer {
         // A connection left inside a transaction by an error is closed, not pooled.
         let tx = WriteTx(Some(self.store.pool().get().await?));
         let conn = tx.conn();
+        let locked = match lock {
+            true => self.store.claim_locked(conn, after, batch as i64).await?,
+            false => None,
+        };
         // A transaction is open, holding the rows read.
-        let mut open = false;
-        let rows = match lock {
-            true => match self.store.claim_locked(conn, after, batch as i64).await? {
-                Some(rows) => {
-                    open = true;
-                    rows
-                }
-                None => self.store.claim(conn, after, batch as i64).await?,
-            },
-            false => self.store.claim(conn, after, batch as i64).await?,
+        let mut open = locked.is_some();
+        let rows = match locked {
+            Some(rows) => rows,
+            None => self.store.claim(conn, after, batch as i64).await?,
         };
         let Some(last) = rows.last().map(|r| r.id) else {
             if open {
-                conn.batch_execute("ROLLBACK").await?;
+                tx.rollback().await?;
+            } else {
+                tx.finish();
             }
-            tx.finish();
             return Ok((None, None));
         };
         let n = rows.len();
@@ -776,9 +772,10 @@ impl Deliverer {
         } else {
             if open {
                 // A row held back: no Write will be this page.
-                conn.batch_execute("ROLLBACK").await?;
+                tx.rollback().await?;
+            } else {
+                tx.finish();
             }
-            tx.finish();
             None
         };
         Ok((Some((last, n)), spare))

@@ -40,8 +40,8 @@ pub struct Session {
     /// This session's backend on the server.
     backend: Backend,
     lease: Arc<Lease>,
-    /// While leading: until when this relay may send, by its own clock.
-    /// Until when a Write may leave: the lease by our own clock (see `send_window`).
+    /// While leading: until when a Write may leave, the lease by our own clock (see
+    /// `send_window`).
     term: SendWindow,
     tasks: Vec<JoinHandle<()>>,
 }

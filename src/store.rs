@@ -93,17 +93,22 @@ impl Store {
         &self.table
     }
 
-    /// The statements of a Write's transaction, prepared on `client` (once per connection): lock
-    /// its rows (a row another session holds is skipped, not waited for; returns the ids
-    /// locked), and mark them delivered.
-    pub async fn write_statements(
+    /// The statement that locks a Write's rows, prepared on `client` (once per connection): a
+    /// row another session holds is skipped, not waited for; returns the ids locked.
+    pub async fn lock_statement(
         &self,
         client: &deadpool_postgres::Client,
-    ) -> Result<(Statement, Statement), tokio_postgres::Error> {
-        Ok((
-            client.prepare_cached(&self.q.lock).await?,
-            client.prepare_cached(&self.q.mark_delivered).await?,
-        ))
+    ) -> Result<Statement, tokio_postgres::Error> {
+        client.prepare_cached(&self.q.lock).await
+    }
+
+    /// The statement that marks a Write's rows delivered, prepared on `client` (once per
+    /// connection).
+    pub async fn mark_statement(
+        &self,
+        client: &deadpool_postgres::Client,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        client.prepare_cached(&self.q.mark_delivered).await
     }
 
     /// Reads the page of pending rows after `after` (nothing locked).

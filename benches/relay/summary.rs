@@ -11,7 +11,7 @@ use crate::latency::LatencyResult;
 use crate::linger::LingerRow;
 use crate::speed::Speed;
 use crate::stats::ms;
-use crate::wait::WaitResult;
+use crate::wait::{SHIPPED, WaitResult};
 use crate::writers::{TriggerKind, WriterRun, round_ratio};
 
 #[derive(Default)]
@@ -216,7 +216,7 @@ impl Results {
             );
         }
         if let Some(w) = &self.wait {
-            for (delay, name, d) in w.latency.iter().filter(|(_, n, _)| *n == "lock") {
+            for (delay, name, d) in w.latency.iter().filter(|(_, n, _)| *n == SHIPPED) {
                 println!(
                     "| fga_outbox_wait, relay's mark → return, OpenFGA {delay} ms | p50 {} ms, p99 {} ms ({name}) | p50 ≤ 1 ms, p99 ≤ 5 ms | {} |",
                     ms(d.p50),
@@ -224,14 +224,14 @@ impl Results {
                     self.verdict(sizes, d.p50 <= 1.0 && d.p99 <= 5.0)
                 );
             }
-            if let Some((_, r)) = w.burn_down.iter().find(|(n, _)| *n == "lock") {
+            if let Some((_, r)) = w.burn_down.iter().find(|(n, _)| *n == SHIPPED) {
                 println!(
                     "| fga_outbox_wait: {} waiters on a burn-down's last rows | time {r:.3}× without them | within 5% | {} |",
                     sizes.waiters,
                     self.verdict(sizes, *r <= 1.05)
                 );
             }
-            if let Some((_, r, rate)) = w.writers.iter().find(|(n, ..)| *n == "lock") {
+            if let Some((_, r, rate)) = w.writers.iter().find(|(n, ..)| *n == SHIPPED) {
                 println!(
                     "| fga_outbox_wait: {} waiters beside 8 writers | writers' tps {r:.3}× without them, at {rate:.0} waits/s | within 5% | {} |",
                     sizes.waiters,

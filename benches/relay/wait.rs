@@ -26,7 +26,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_postgres::Client;
 
 const WAIT_SQL: &str = include_str!("../../sql/schema/0005_wait.sql");
-pub(crate) const CANDIDATES: [&str; 4] = ["lock", "row-lock", "poll", "poll-fine"];
+pub(crate) const CANDIDATES: [&str; 4] = [SHIPPED, "row-lock", "poll", "poll-fine"];
+/// The candidate `sql/schema/0005_wait.sql` is, unchanged.
+pub(crate) const SHIPPED: &str = "lock";
 /// Not a candidate: looks again at once, without sleeping, for the floor of what any way of
 /// waiting can reach (the relay's own commit after its mark, one look, the reply).
 const FLOOR: &str = "spin";
@@ -44,7 +46,7 @@ fn candidate_sql(name: &str) -> Result<String> {
     let lock_wait = "lock_wait  boolean := NOT pg_is_in_recovery();";
     let no_lock = "lock_wait  boolean := false;";
     match name {
-        "lock" => {}
+        SHIPPED => {}
         "row-lock" => swap(
             "PERFORM pg_advisory_xact_lock_shared(1718051123, h) FROM unnest(holders) h;",
             "PERFORM FROM fga_outbox WHERE id = ANY (wanted) \
@@ -246,7 +248,7 @@ impl Bench {
             (true, "OpenFGA hanging, row in flight"),
         ] {
             for name in CANDIDATES {
-                if !hang && name != "lock" {
+                if !hang && name != SHIPPED {
                     // With no relay nothing is in flight: every candidate runs the same code.
                     continue;
                 }
@@ -262,7 +264,7 @@ impl Bench {
                 }
             }
         }
-        self.use_candidate("lock").await?;
+        self.use_candidate(SHIPPED).await?;
         Ok(out)
     }
 
@@ -373,8 +375,9 @@ impl Bench {
     }
 
     /// Transactions a second of 8 writers inserting one row each, for `secs`, while `waiters`
-    /// sessions each wait for the newest row a writer inserted, then pause 100 ms, and again; the waits a second
-    /// they completed, and the CPU their backends used, as a share of one core.
+    /// sessions each wait for the newest row a writer inserted, then pause 100 ms, and again;
+    /// the waits a second they completed, and the CPU their backends used, as a share of one
+    /// core.
     async fn writers_waited(&self, secs: u64, waiters: usize) -> Result<(f64, f64, f64)> {
         self.truncate().await?;
         let fga = FakeFga::start();
