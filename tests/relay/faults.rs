@@ -936,7 +936,9 @@ async fn a_row_throttled_while_others_flow_is_never_dead_lettered() {
 
 /// `Retry-After` applies on every path: a row that alone keeps failing with 503 and
 /// `Retry-After: 2` while others flow (the strike path) makes the whole relay wait before its
-/// next Write, as an outage's does; the row is still dead-lettered in the end.
+/// next Write, as an outage's does; the row is still dead-lettered in the end. One Write at a
+/// time: a Write sent beside the failing one, before its answer came back, can reach OpenFGA
+/// just after that answer (on a connection of its own) and would look like one sent too soon.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_waited_out_on_the_strike_path_too() {
     let env = Env::start().await;
@@ -952,7 +954,10 @@ async fn retry_after_is_waited_out_on_the_strike_path_too() {
         )
         .when_tuple("user:slow", "viewer", "document:s"),
     );
-    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_MAX_ATTEMPTS", "2"),
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+    ]);
     relay.wait_for_log("delivering (leader)").await;
     let id = env
         .insert(writes(&[tk("user:slow", "viewer", "document:s")]))
@@ -969,8 +974,7 @@ async fn retry_after_is_waited_out_on_the_strike_path_too() {
     for (i, w) in all.iter().enumerate() {
         if w.status == 503 {
             let answered = w.answered_at.expect("answered");
-            // The first Write that reached OpenFGA after that answer (Writes already in flight
-            // when it came were sent before it).
+            // The first Write that reached OpenFGA after that answer.
             if let Some(next) = all[i + 1..].iter().find(|n| n.received_at >= answered) {
                 let gap = next.received_at.saturating_duration_since(answered);
                 assert!(
