@@ -375,6 +375,19 @@ async fn relay_statements(client: &tokio_postgres::Client) -> i64 {
         .get(0)
 }
 
+/// Whether the relay holds the wake lock (it does while it sleeps, waiting for a notification)
+/// is `sleeping`.
+async fn relay_sleeps(admin: &tokio_postgres::Client, sleeping: bool) -> bool {
+    let held = crate::common::pg::count(
+        admin,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = 1718051121 AND mode = 'ExclusiveLock'",
+        &[],
+    )
+    .await;
+    (held == 1) == sleeping
+}
+
 /// A writer's transaction that inserted into the outbox holds the wake lock (shared) for as
 /// long as it stays open: the relay looks again every 1–2 s meanwhile, not every few
 /// milliseconds, and runs at most 5 statements a second. The row is delivered once the
@@ -401,13 +414,21 @@ async fn a_long_writer_transaction_does_not_make_the_relay_spin() {
         .unwrap();
     let _relay = env.start_relay().await;
     // The writer inserts while the relay is busy (its Write is slow), so that the writer takes
-    // the wake lock shared and skips NOTIFY, and keeps it while its transaction stays open.
+    // the wake lock shared and skips NOTIFY, and keeps it while its transaction stays open. The
+    // first row is inserted once the relay sleeps, so that it wakes the relay, which lets go of
+    // the wake lock for its pass (a row found by the last look before sleeping is sent with
+    // the lock still held).
     env.fga
         .push_fault(FaultRule::once(Fault::Delay(Duration::from_secs(1))));
+    wait_until(PROMPTLY, "the relay sleeps", || relay_sleeps(&admin, true)).await;
     let first = env
         .insert(writes(&[tk("user:first", "viewer", "document:w")]))
         .await;
     wait_for_writes(&env.fga, 1, "the relay is busy").await;
+    wait_until(PROMPTLY, "the relay lets go of the wake lock", || {
+        relay_sleeps(&admin, false)
+    })
+    .await;
     let writer = env.db.connect().await;
     writer.batch_execute("BEGIN").await.unwrap();
     let id = insert_with(&writer, writes(&[tk("user:long", "viewer", "document:w")])).await;
@@ -483,17 +504,7 @@ async fn a_row_another_session_held_is_delivered_without_the_sweep() {
     let _relay = env.start_relay().await;
     let admin = env.db.connect().await;
     // The relay has passed over the row and gone to sleep: it holds the wake lock.
-    wait_until(PROMPTLY, "the relay sleeps", || async {
-        crate::common::pg::count(
-            &admin,
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                 AND classid = 1718051121",
-            &[],
-        )
-        .await
-            == 1
-    })
-    .await;
+    wait_until(PROMPTLY, "the relay sleeps", || relay_sleeps(&admin, true)).await;
     assert!(!env.row(id).await.delivered);
     holder.batch_execute("COMMIT").await.unwrap();
     env.wait_delivered(id).await;
