@@ -15,7 +15,7 @@
 
 use crate::args::Sizes;
 use crate::common::fga::{FakeFga, Fault, FaultRule};
-use crate::common::relay::{RelayProc, insert_with, tk, wait_for, writes};
+use crate::common::relay::{RelayProc, WAIT_CALL, insert_with, tk, wait_for, writes};
 use crate::cpu::{loadavg, task_cpu_seconds};
 use crate::harness::Bench;
 use crate::stats::{Dist, median};
@@ -32,6 +32,9 @@ pub(crate) const SHIPPED: &str = "lock";
 /// Not a candidate: looks again at once, without sleeping, for the floor of what any way of
 /// waiting can reach (the relay's own commit after its mark, one look, the reply).
 const FLOOR: &str = "spin";
+/// Not a candidate either: beside the writers, the waiters' sessions send `SELECT 1` instead of
+/// each wait, as often, for the floor of what any statement at that rate costs them.
+pub(crate) const ROUND_TRIP: &str = "select-1";
 
 /// The function's text for a candidate.
 fn candidate_sql(name: &str) -> Result<String> {
@@ -82,11 +85,13 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The candidates in a different order each round, so that a drift in the machine's load does
-/// not always favour the same one.
-fn rotated(round: usize) -> Vec<&'static str> {
+/// The candidates (and `extra`) in a different order each round, so that a drift in the
+/// machine's load does not always favour the same one.
+fn rotated(round: usize, extra: &[&'static str]) -> Vec<&'static str> {
     let mut v = CANDIDATES.to_vec();
-    v.rotate_left(round % CANDIDATES.len());
+    v.extend_from_slice(extra);
+    let n = v.len();
+    v.rotate_left(round % n);
     v
 }
 
@@ -149,7 +154,7 @@ impl Bench {
             let mut all: Vec<(&'static str, Vec<f64>)> = Vec::new();
             let mut inserts = Vec::new();
             for round in 0..rounds {
-                for name in rotated(round).into_iter().chain([FLOOR]) {
+                for name in rotated(round, &[]).into_iter().chain([FLOOR]) {
                     self.use_candidate(name).await?;
                     self.mark_to_return(n / 10 + 1, 100).await?;
                     let (v, ins) = self.mark_to_return(n, 100).await?;
@@ -187,7 +192,7 @@ impl Bench {
         );
         let (mut ratios, mut cpus) = (PerCandidate::default(), PerCandidate::default());
         for round in 0..rounds {
-            for name in rotated(round) {
+            for name in rotated(round, &[]) {
                 self.use_candidate(name).await?;
                 let (none, _) = self.burn_down_waited(rows, 0).await?;
                 let (with, cpu) = self.burn_down_waited(rows, waiters).await?;
@@ -210,7 +215,8 @@ impl Bench {
         let secs = sizes.wait_writer_seconds;
         println!(
             "writers: 8 clients, {secs} s, with {waiters} sessions each waiting for the newest row \
-             every 100 ms / without ({rounds} round(s))"
+             every 100 ms / without ({rounds} round(s)); {ROUND_TRIP}: those sessions send \
+             SELECT 1 instead of each wait"
         );
         let (mut ratios, mut rates, mut cpus) = (
             PerCandidate::default(),
@@ -218,17 +224,17 @@ impl Bench {
             PerCandidate::default(),
         );
         for round in 0..rounds {
-            for name in rotated(round) {
+            for name in rotated(round, &[ROUND_TRIP]) {
                 self.use_candidate(name).await?;
-                let (none, _, _) = self.writers_waited(secs, 0).await?;
-                let (with, waits, cpu) = self.writers_waited(secs, waiters).await?;
+                let (none, _, _) = self.writers_waited(secs, 0, name).await?;
+                let (with, waits, cpu) = self.writers_waited(secs, waiters, name).await?;
                 ratios.push(name, with / none);
                 rates.push(name, waits);
                 cpus.push(name, cpu);
             }
         }
         println!("  load {}", loadavg());
-        for name in CANDIDATES {
+        for name in CANDIDATES.into_iter().chain([ROUND_TRIP]) {
             println!(
                 "    {name:<10} tps with/without: median {:.3} {:.3?}; {:.0} waits/s; waiters' \
                  CPU {:.0}% of a core",
@@ -268,7 +274,10 @@ impl Bench {
         Ok(out)
     }
 
+    /// Installs a candidate; `select-1` leaves the shipped function in place (its waiters do
+    /// not call it).
     async fn use_candidate(&self, name: &str) -> Result<()> {
+        let name = if name == ROUND_TRIP { SHIPPED } else { name };
         self.admin.batch_execute(&candidate_sql(name)?).await?;
         Ok(())
     }
@@ -375,10 +384,16 @@ impl Bench {
     }
 
     /// Transactions a second of 8 writers inserting one row each, for `secs`, while `waiters`
-    /// sessions each wait for the newest row a writer inserted, then pause 100 ms, and again;
-    /// the waits a second they completed, and the CPU their backends used, as a share of one
-    /// core.
-    async fn writers_waited(&self, secs: u64, waiters: usize) -> Result<(f64, f64, f64)> {
+    /// sessions each wait for the newest row a writer inserted, then pause 100 ms, and again
+    /// (with `select-1` as the candidate, send `SELECT 1` instead of each wait); the waits a
+    /// second they completed, and the CPU their backends used, as a share of one core. Each
+    /// session prepares its statement once, as the writers do: one round trip a wait.
+    async fn writers_waited(
+        &self,
+        secs: u64,
+        waiters: usize,
+        candidate: &str,
+    ) -> Result<(f64, f64, f64)> {
         self.truncate().await?;
         let fga = FakeFga::start();
         let relay = self.start_relay(&fga, &[]).await?;
@@ -396,10 +411,22 @@ impl Bench {
             let (w, pid) = self.session().await?;
             pids.push(pid);
             let (stop, waits, newest) = (stop.clone(), waits.clone(), newest.clone());
+            let round_trip_only = candidate == ROUND_TRIP;
             tasks.push(tokio::spawn(async move {
+                let call = w
+                    .prepare(if round_trip_only {
+                        "SELECT 1"
+                    } else {
+                        WAIT_CALL
+                    })
+                    .await?;
                 while !stop.load(Ordering::Relaxed) {
-                    let id = newest.load(Ordering::Relaxed);
-                    wait_for(&w, &[id], "10s").await?;
+                    if round_trip_only {
+                        w.query_one(&call, &[]).await?;
+                    } else {
+                        let id = [newest.load(Ordering::Relaxed)];
+                        w.query_one(&call, &[&&id[..], &"10s"]).await?;
+                    }
                     waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

@@ -185,6 +185,9 @@ pub async fn insert_with(client: &tokio_postgres::Client, payload: serde_json::V
         .get(0)
 }
 
+/// The call a writer makes after COMMIT: `$1` the ids, `$2` the timeout as text.
+pub const WAIT_CALL: &str = "SELECT fga_outbox_wait($1, $2::text::interval)";
+
 /// `SELECT fga_outbox_wait(ids, timeout)`.
 pub async fn wait_for(
     client: &tokio_postgres::Client,
@@ -192,10 +195,7 @@ pub async fn wait_for(
     timeout: &str,
 ) -> Result<String, tokio_postgres::Error> {
     client
-        .query_one(
-            "SELECT fga_outbox_wait($1, $2::text::interval)",
-            &[&ids, &timeout],
-        )
+        .query_one(WAIT_CALL, &[&ids, &timeout])
         .await
         .map(|r| r.get(0))
 }
