@@ -30,6 +30,10 @@ pub const FILES: &[(&str, &str)] = &[
         "0006_claim_index.sql",
         include_str!("../sql/schema/0006_claim_index.sql"),
     ),
+    (
+        "0007_autovacuum.sql",
+        include_str!("../sql/schema/0007_autovacuum.sql"),
+    ),
 ];
 
 /// The name the SQL files use for the table.
