@@ -121,10 +121,12 @@ impl Results {
             let (busy_full, busy_none) =
                 (top_buffers(&h.full.explain), top_buffers(&h.none.explain));
             println!(
-                "| history: {} delivered rows vs none | claim with nothing pending: {idle_full} vs {idle_none} buffers, {:.3} vs {:.3} ms; claim of a page of the backlog: {busy_full} vs {busy_none} buffers, {:.2} vs {:.2} ms; burn-down {:.0} vs {:.0} rows/s ({ratio:.2}×) | as fast | {} |",
+                "| history: {} delivered rows vs none | claim with nothing pending: {idle_full} vs {idle_none} buffers, {:.3} vs {:.3} ms ({} buffers, {:.3} ms right after the burn-down, its rows not yet vacuumed); claim of a page of the backlog: {busy_full} vs {busy_none} buffers, {:.2} vs {:.2} ms; burn-down {:.0} vs {:.0} rows/s ({ratio:.2}×) | as fast | {} |",
                 sizes.history,
                 exec_ms(&h.idle_full),
                 exec_ms(&h.idle_none),
+                top_buffers(&h.idle_unvacuumed),
+                exec_ms(&h.idle_unvacuumed),
                 exec_ms(&h.full.explain),
                 exec_ms(&h.none.explain),
                 h.full.rows_per_s(),
