@@ -30,6 +30,16 @@ impl Bench {
         // Right after it, the backlog's rows are delivered and their entries in the claim index
         // not yet vacuumed away (autovacuum looks once a minute): every pass walks past them.
         let idle_unvacuumed = self.explain_claim().await?;
+        // Autovacuum may have run meanwhile: what the statistics say of the table then.
+        let vacuum_state: String = self
+            .admin
+            .query_one(
+                "SELECT format('n_dead_tup %s, autovacuums so far %s', n_dead_tup, \
+                 autovacuum_count) FROM pg_stat_user_tables WHERE relname = 'fga_outbox'",
+                &[],
+            )
+            .await?
+            .get(0);
         println!(
             "backlog of {} rows, with no delivered row in the table vs. {} ({size}, filled and \
              vacuumed in {fill_secs:.1} s)",
@@ -48,7 +58,7 @@ impl Bench {
         );
         println!(
             "  the claim with nothing pending, right after the burn-down (its {} rows not yet \
-             vacuumed):\n{idle_unvacuumed}",
+             vacuumed; {vacuum_state}):\n{idle_unvacuumed}",
             sizes.backlog
         );
         println!(

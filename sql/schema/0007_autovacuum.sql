@@ -13,17 +13,20 @@
 --
 -- Set only while the table has neither setting of its own: an operator's choice
 -- (ALTER TABLE fga_outbox SET (autovacuum_vacuum_scale_factor = ...)) survives every later
--- migrate. Setting them takes a SHARE UPDATE EXCLUSIVE lock, which neither writers nor the relay
--- conflict with.
+-- migrate. To keep PostgreSQL's defaults, set them explicitly: after a RESET the next migrate
+-- sets these again. A partitioned outbox takes no storage settings (its partitions do): it is
+-- left alone. Setting them takes a SHARE UPDATE EXCLUSIVE lock, which neither writers nor the
+-- relay conflict with.
 
 DO $$
 BEGIN
-    IF NOT EXISTS (
-        SELECT FROM pg_class c, unnest(c.reloptions) o
-         WHERE c.oid = 'fga_outbox'::regclass
-           AND (o LIKE 'autovacuum\_vacuum\_scale\_factor=%'
-                OR o LIKE 'autovacuum\_vacuum\_threshold=%')
-    ) THEN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'fga_outbox'::regclass) = 'r'
+       AND NOT EXISTS (
+           SELECT FROM pg_class c, unnest(c.reloptions) o
+            WHERE c.oid = 'fga_outbox'::regclass
+              AND split_part(o, '=', 1) IN ('autovacuum_vacuum_scale_factor',
+                                            'autovacuum_vacuum_threshold'))
+    THEN
         ALTER TABLE fga_outbox SET (autovacuum_vacuum_scale_factor = 0.01,
                                     autovacuum_vacuum_threshold = 10000);
     END IF;
