@@ -4,7 +4,7 @@
 -- (fga_outbox_claim_idx) until VACUUM removes it, and each pass of the relay starts its claim at
 -- the lowest id, so it walks past every such entry. Claiming a page of 100 pending rows took
 -- 0.2 ms on a freshly vacuumed table, 0.6 ms with 20,000 delivered rows not yet vacuumed, 1.9 ms
--- with 100,000 and 9 ms with 500,000 (PostgreSQL 15). PostgreSQL's default vacuums a table once a
+-- with 100,000 and 9 ms with 500,000 (PostgreSQL 15; BENCHMARKS.md, "...until VACUUM"). PostgreSQL's default vacuums a table once a
 -- fifth of its rows have changed: on a table that keeps 10 million delivered rows as evidence,
 -- that is every 2 million deliveries, with claims of tens of milliseconds before each vacuum.
 -- Here the table is vacuumed once 1% of its rows plus 10,000 have changed; autovacuum still looks
