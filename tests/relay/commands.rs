@@ -121,7 +121,9 @@ async fn migrate_has_the_table_vacuumed_in_step_with_deliveries() {
         .unwrap();
     assert_eq!(stat("n_ins_since_vacuum", "fga_outbox").await, 0);
     assert_eq!(stat("n_ins_since_vacuum", "control").await, 0);
+    // Read after the VACUUM: autovacuum may have come for the inserts before it.
     let before = stat("autovacuum_count", "fga_outbox").await;
+    let control_before = stat("autovacuum_count", "control").await;
     // The copy's 20,000 changes first, counted before the outbox's: the autovacuum that clears
     // the outbox has looked at the copy too.
     client
@@ -152,7 +154,7 @@ async fn migrate_has_the_table_vacuumed_in_step_with_deliveries() {
     .await;
     assert_eq!(
         stat("autovacuum_count", "control").await,
-        0,
+        control_before,
         "PostgreSQL's defaults vacuumed the copy too: the test shows nothing"
     );
 }
