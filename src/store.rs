@@ -24,6 +24,11 @@ pub struct StatusCounts {
     pub dead: i64,
     pub delivered: i64,
     pub oldest_pending_age_seconds: Option<f64>,
+    /// Old row versions not yet vacuumed away, as the statistics have it (each delivered row
+    /// leaves one, which every claim walks past until VACUUM removes it).
+    pub dead_row_versions: Option<i64>,
+    /// Since the table was last vacuumed (by hand or by autovacuum); `None`: never.
+    pub last_vacuum_age_seconds: Option<f64>,
 }
 
 /// What the metrics endpoint measures at each scrape.
@@ -202,6 +207,8 @@ impl Store {
             dead: now.dead,
             delivered: row.try_get(0)?,
             oldest_pending_age_seconds: now.oldest_pending_age_seconds,
+            dead_row_versions: row.try_get(1)?,
+            last_vacuum_age_seconds: row.try_get(2)?,
         })
     }
 

@@ -276,13 +276,35 @@ async fn status_retry_and_prune() {
     env.insert(writes(&[tk("user:bob", "viewer", "document:1")]))
         .await;
 
-    let out = env.command(&["status", "--json"]).output().unwrap();
-    assert_success(&out, "status");
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = || async {
+        let out = env.command(&["status", "--json"]).output().unwrap();
+        assert_success(&out, "status");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let s = status().await;
     assert_eq!(s["pending"], 1);
     assert_eq!(s["dead"], 1);
     assert_eq!(s["delivered"], 1);
     assert!(s["oldest_pending_age_seconds"].as_f64().unwrap() >= 0.0);
+    assert!(
+        s["last_vacuum_age_seconds"].is_null(),
+        "never vacuumed: {s}"
+    );
+    // The delivered and the dead-lettered row each left an old version (the drain's sessions
+    // report their statistics as they end).
+    wait_until(PROMPTLY, "status counts the old row versions", || async {
+        status().await["dead_row_versions"].as_i64() >= Some(2)
+    })
+    .await;
+    env.db
+        .connect()
+        .await
+        .batch_execute("VACUUM fga_outbox")
+        .await
+        .unwrap();
+    let s = status().await;
+    assert_eq!(s["dead_row_versions"], 0, "{s}");
+    assert!(s["last_vacuum_age_seconds"].as_f64().unwrap() >= 0.0);
 
     // A dead row goes back to pending; a delivered one is left alone.
     let out = env
@@ -329,7 +351,12 @@ async fn status_retry_and_prune() {
     );
 
     let out = env.command(&["status"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("pending    2"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("pending    2"), "{text}");
+    assert!(
+        text.contains("old row versions awaiting vacuum: ") && text.contains("s ago)"),
+        "{text}"
+    );
 }
 
 /// `--help` of every command ends with an example of it, and lists the values a flag takes
