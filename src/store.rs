@@ -25,9 +25,11 @@ pub struct StatusCounts {
     pub delivered: i64,
     pub oldest_pending_age_seconds: Option<f64>,
     /// Old row versions not yet vacuumed away, as the statistics have it (each delivered row
-    /// leaves one, which every claim walks past until VACUUM removes it).
+    /// leaves one, which every claim walks past until VACUUM removes it); `None`: no statistics
+    /// on the table yet.
     pub dead_row_versions: Option<i64>,
-    /// Since the table was last vacuumed (by hand or by autovacuum); `None`: never.
+    /// Since the table was last vacuumed (by hand or by autovacuum); `None`: never, or no
+    /// statistics yet.
     pub last_vacuum_age_seconds: Option<f64>,
 }
 

@@ -42,10 +42,7 @@ impl Bench {
     }
 
     pub(crate) async fn dead(&self, sizes: &Sizes) -> Result<DeadPile> {
-        self.truncate().await?;
-        self.admin
-            .batch_execute("VACUUM ANALYZE fga_outbox")
-            .await?;
+        self.empty_vacuumed().await?;
         let (clean_latency, clean) = self.latency_and_burn(sizes, "dc").await?;
         let explain_clean = clean.explain.clone();
         let fill = self.fill("dd", sizes.dead, RowState::Dead).await?;
@@ -53,10 +50,7 @@ impl Bench {
         let explain_dead = with_dead.explain.clone();
         let mut burn_ratios = vec![with_dead.rows_per_s() / clean.rows_per_s()];
         for round in 1..sizes.dead_rounds {
-            self.truncate().await?;
-            self.admin
-                .batch_execute("VACUUM ANALYZE fga_outbox")
-                .await?;
+            self.empty_vacuumed().await?;
             let clean = self.burn(sizes.backlog, &format!("dc{round}")).await?;
             self.fill(&format!("dd{round}"), sizes.dead, RowState::Dead)
                 .await?;

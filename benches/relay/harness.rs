@@ -206,6 +206,15 @@ impl Bench {
         Ok(())
     }
 
+    /// An empty table with fresh statistics, as the clean side of a comparison starts.
+    pub(crate) async fn empty_vacuumed(&self) -> Result<()> {
+        self.truncate().await?;
+        self.admin
+            .batch_execute("VACUUM ANALYZE fga_outbox")
+            .await?;
+        Ok(())
+    }
+
     pub(crate) async fn pending_exists(&self) -> Result<bool> {
         Ok(self
             .admin

@@ -9,10 +9,7 @@ use anyhow::Result;
 impl Bench {
     pub(crate) async fn history(&self, sizes: &Sizes) -> Result<History> {
         // None delivered before: an empty table, then the backlog.
-        self.truncate().await?;
-        self.admin
-            .batch_execute("VACUUM ANALYZE fga_outbox")
-            .await?;
+        self.empty_vacuumed().await?;
         let idle_none = self.explain_claim().await?;
         let none = self.burn(sizes.backlog, "hn").await?;
         // A million delivered rows before, as a relay leaves them behind.

@@ -407,19 +407,18 @@ impl Bench {
             insert_with(&c, writes(&[tk("user:w", "viewer", "document:w")])).await,
         ));
         let mut pids = Vec::new();
+        let round_trip_only = candidate == ROUND_TRIP;
+        let call_sql = if round_trip_only {
+            "SELECT 1"
+        } else {
+            WAIT_CALL
+        };
         for _ in 0..waiters {
             let (w, pid) = self.session().await?;
             pids.push(pid);
             let (stop, waits, newest) = (stop.clone(), waits.clone(), newest.clone());
-            let round_trip_only = candidate == ROUND_TRIP;
             tasks.push(tokio::spawn(async move {
-                let call = w
-                    .prepare(if round_trip_only {
-                        "SELECT 1"
-                    } else {
-                        WAIT_CALL
-                    })
-                    .await?;
+                let call = w.prepare(call_sql).await?;
                 while !stop.load(Ordering::Relaxed) {
                     if round_trip_only {
                         w.query_one(&call, &[]).await?;

@@ -12,7 +12,7 @@ pub struct Status {
     #[command(flatten)]
     db: DbArgs,
     /// Print JSON: {"pending","dead","delivered","oldest_pending_age_seconds",
-    /// "dead_row_versions","last_vacuum_age_seconds"}.
+    /// "dead_row_versions","last_vacuum_age_seconds"} (the last two null when unknown).
     #[arg(long)]
     json: bool,
 }
