@@ -232,13 +232,10 @@ impl Flight {
         let conn = tx.conn();
         let lock = crew.store.lock_statement(conn).await?;
         let ids = self.plan.ids();
-        // BEGIN and the lock in one round trip (tokio-postgres pipelines requests polled
-        // together, in the order they were first polled), as are the mark and COMMIT in `send`:
-        // one Write at a time then costs no more round trips than a page claimed at once did.
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
-        let (begun, locked) = tokio::join!(conn.batch_execute("BEGIN"), conn.query(&lock, &params));
-        begun?;
-        let got: Vec<i64> = locked?
+        // BEGIN and the lock in one round trip, as are the mark and COMMIT in `send`: one Write
+        // at a time then costs no more round trips than a page claimed at once did.
+        let got: Vec<i64> = Store::begin_and_query(conn, &lock, &[&ids])
+            .await?
             .iter()
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;

@@ -139,11 +139,7 @@ impl Store {
         limit: i64,
     ) -> Result<Option<Vec<ClaimedRow>>, tokio_postgres::Error> {
         let stmt = conn.prepare_cached(&self.q.claim_locked).await?;
-        // BEGIN and the read in one round trip, as a Write's BEGIN and lock are.
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&after, &limit];
-        let (begun, read) = tokio::join!(conn.batch_execute("BEGIN"), conn.query(&stmt, &params));
-        begun?;
-        match read {
+        match Self::begin_and_query(conn, &stmt, &[&after, &limit]).await {
             Ok(rows) => Self::claimed(rows).map(Some),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
                 conn.batch_execute("ROLLBACK").await?;
@@ -151,6 +147,19 @@ impl Store {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Opens a transaction on `conn` and runs `stmt` in it, in one round trip: tokio-postgres
+    /// pipelines requests polled together, in the order they were first polled. A failed
+    /// BEGIN is the error; otherwise the statement's result.
+    pub async fn begin_and_query(
+        conn: &deadpool_postgres::Client,
+        stmt: &tokio_postgres::Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let (begun, rows) = tokio::join!(conn.batch_execute("BEGIN"), conn.query(stmt, params));
+        begun?;
+        rows
     }
 
     fn claimed(rows: Vec<tokio_postgres::Row>) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
