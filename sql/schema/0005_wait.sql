@@ -31,6 +31,8 @@
 -- Every look runs in a block of its own that is rolled back, which releases the table lock that
 -- the look took, before it queues or sleeps: a wait holds no lock on the table, so DDL on it
 -- (`fga-relay migrate`), and the writers queued behind the DDL, are not held up by waiters.
+-- What no function can let go of is its calling statement's snapshot: until a wait returns, it
+-- holds back the horizon below which VACUUM removes dead row versions. Hence timeouts in seconds.
 --
 -- SECURITY DEFINER: it runs as the table's owner, so that a writer needs only EXECUTE on it (and
 -- the ids), not SELECT on the table nor the UPDATE privilege row locks ask for. What it tells a
