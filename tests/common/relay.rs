@@ -13,6 +13,13 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_fga-relay");
 
 static LOGS: AtomicUsize = AtomicUsize::new(0);
 
+/// The README's example row (a capture job under an archive, and its organization), as the
+/// writer examples write it: user, relation, object.
+pub const README_TUPLES: [(&str, &str, &str); 2] = [
+    ("capture_job:7f170ae4", "parent", "archive:3a4cb75c"),
+    ("organization:acme", "parent", "capture_job:7f170ae4"),
+];
+
 /// A database with the schema migrated, and an OpenFGA stand-in.
 pub struct Env {
     pub db: TestDb,
@@ -89,6 +96,16 @@ impl Env {
     }
 
     /// Waits (up to [`PROMPTLY`](super::pg::PROMPTLY)) until row `id` is delivered.
+    /// Asserts that OpenFGA holds every tuple (user, relation, object) given.
+    pub fn assert_fga_has(&self, tuples: &[(&str, &str, &str)]) {
+        for (user, relation, object) in tuples {
+            assert!(
+                self.fga.has(user, relation, object),
+                "OpenFGA does not hold {object}#{relation}@{user}"
+            );
+        }
+    }
+
     pub async fn wait_delivered(&self, id: i64) {
         wait_until(
             super::pg::PROMPTLY,

@@ -3,8 +3,8 @@
 use crate::common::fga::{FakeFga, Fault, FaultRule};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
-    Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
-    insert_with, slow_backlog, tk, wait_until, writes,
+    Env, README_TUPLES, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success,
+    deletes, insert_with, slow_backlog, tk, wait_until, writes,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -16,20 +16,10 @@ async fn the_two_tuples_of_one_row_arrive_in_one_write() {
     let env = Env::start().await;
     let _relay = env.start_relay().await;
     let id = env
-        .insert(writes(&[
-            tk("capture_job:7f170ae4", "parent", "archive:3a4cb75c"),
-            tk("organization:acme", "parent", "capture_job:7f170ae4"),
-        ]))
+        .insert(writes(&README_TUPLES.map(|(u, r, o)| tk(u, r, o))))
         .await;
     env.wait_delivered(id).await;
-    assert!(
-        env.fga
-            .has("capture_job:7f170ae4", "parent", "archive:3a4cb75c")
-    );
-    assert!(
-        env.fga
-            .has("organization:acme", "parent", "capture_job:7f170ae4")
-    );
+    env.assert_fga_has(&README_TUPLES);
     let ok = accepted_writes(&env.fga);
     assert_eq!(
         ok.len(),

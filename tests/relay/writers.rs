@@ -4,7 +4,7 @@
 //! directory once; a language whose toolchain is not on the machine is skipped with a message.
 //! The README shows each example's marked part; a test checks it still does.
 
-use crate::common::relay::Env;
+use crate::common::relay::{Env, README_TUPLES};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -83,14 +83,7 @@ async fn writer_delivers(program: &str, mut command: Command) {
         .parse()
         .unwrap_or_else(|_| panic!("{program} printed {out:?}, not an outbox id"));
     env.wait_delivered(id).await;
-    assert!(
-        env.fga
-            .has("capture_job:7f170ae4", "parent", "archive:3a4cb75c")
-    );
-    assert!(
-        env.fga
-            .has("organization:acme", "parent", "capture_job:7f170ae4")
-    );
+    env.assert_fga_has(&README_TUPLES);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
