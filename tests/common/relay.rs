@@ -95,7 +95,6 @@ impl Env {
         insert_with(&client, payload).await
     }
 
-    /// Waits (up to [`PROMPTLY`](super::pg::PROMPTLY)) until row `id` is delivered.
     /// Asserts that OpenFGA holds every tuple (user, relation, object) given.
     pub fn assert_fga_has(&self, tuples: &[(&str, &str, &str)]) {
         for (user, relation, object) in tuples {
@@ -106,6 +105,7 @@ impl Env {
         }
     }
 
+    /// Waits (up to [`PROMPTLY`](super::pg::PROMPTLY)) until row `id` is delivered.
     pub async fn wait_delivered(&self, id: i64) {
         wait_until(
             super::pg::PROMPTLY,
