@@ -27,9 +27,18 @@ pub type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 pub struct PgConnect {
     pub config: Config,
     tls: MakeRustlsConnect,
-    /// The longest the relay's transactions may stay idle (None: no limit); see
-    /// [`claim_idle_limit`].
-    pub idle_in_transaction: Option<Duration>,
+    /// What its sessions are for, which decides some of their settings (see [`session_setup`]).
+    pub sessions: Sessions,
+}
+
+/// What a relay's sessions are for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sessions {
+    /// `run` and `drain`: claims, each Write's transaction, marks, leadership. Its transactions
+    /// may stay idle for `idle_in_transaction` at most (see [`claim_idle_limit`]).
+    Delivery { idle_in_transaction: Duration },
+    /// The other commands, whose reports (`status`, `reconcile`) may read much of the table.
+    Commands,
 }
 
 impl PgConnect {
@@ -66,6 +75,15 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   own: long enough for one Write call (see [`claim_idle_limit`]), short enough that the locks
 ///   of a relay that stopped or was cut off are freed by the server.
 ///   0 (none) for the commands that do not deliver.
+/// - `enable_seqscan = off` (delivering sessions): every statement they run finds its rows
+///   through an index (the claim index, the primary key). The relay prepares each statement once
+///   a connection, and after five runs PostgreSQL may keep a generic plan for it, chosen for the
+///   table as it was then. Chosen while the table held a page of rows, that plan is a scan of
+///   the whole table, and it stays while the table grows to the millions of delivered rows kept
+///   as evidence (until VACUUM or ANALYZE happen to make PostgreSQL plan again): every Write
+///   read them all (measured: 99 scans of 100,100 rows to deliver 50 of them). Off, a scan is
+///   chosen only where no index can serve. Not for the other commands: their counts and
+///   reports read much of the table, which a scan does best.
 /// - `statement_timeout = 0`, and `idle_session_timeout = 0` where it exists: the relay's
 ///   statements are short, and waits on its own sessions are bounded by the relay itself (the
 ///   heartbeat); a server-wide limit would end the idle LISTEN session of a standby.
@@ -73,11 +91,17 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   (network cut, not closed) is noticed by PostgreSQL within about 20 s, even when the server
 ///   has data for it (a notification) that is never acknowledged. (Ignored on Unix sockets,
 ///   which cannot vanish that way.)
-fn session_setup(idle_in_transaction: Option<Duration>, synchronous_commit: bool) -> String {
-    let idle_ms = idle_in_transaction.map_or(0, |d| d.as_millis());
+fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
+    let (idle_ms, seqscan) = match sessions {
+        Sessions::Delivery {
+            idle_in_transaction,
+        } => (idle_in_transaction.as_millis(), "off"),
+        Sessions::Commands => (0, "on"),
+    };
     format!(
         "SET synchronous_commit = {}; \
          SET idle_in_transaction_session_timeout = {idle_ms}; SET statement_timeout = 0; \
+         SET enable_seqscan = {seqscan}; \
          SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 5; \
          SET tcp_keepalives_count = 3; \
          SELECT set_config('tcp_user_timeout', '{}', false) \
@@ -130,13 +154,13 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<PgConn
     Ok(PgConnect {
         config: cfg,
         tls: pg_tls.connector,
-        idle_in_transaction: None,
+        sessions: Sessions::Commands,
     })
 }
 
 /// The pool for short statements: claims, marks and the commands.
 pub fn pool(pg: PgConnect, size: usize) -> Pool {
-    let setup = session_setup(pg.idle_in_transaction, false);
+    let setup = session_setup(pg.sessions, false);
     let manager = Manager::from_config(
         pg.config,
         pg.tls,
@@ -173,7 +197,7 @@ pub async fn connect_dedicated(
 /// leadership).
 pub async fn setup_session(pg: &PgConnect, client: &Client) -> Result<(), tokio_postgres::Error> {
     client
-        .batch_execute(&session_setup(pg.idle_in_transaction, true))
+        .batch_execute(&session_setup(pg.sessions, true))
         .await
 }
 

@@ -98,7 +98,9 @@ pub(super) async fn build_relay(
         "fga-relay starting"
     );
     let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
-    pg.idle_in_transaction = Some(crate::db::claim_idle_limit(fga.request_timeout));
+    pg.sessions = crate::db::Sessions::Delivery {
+        idle_in_transaction: crate::db::claim_idle_limit(fga.request_timeout),
+    };
     // A connection for each Write in flight (it holds its rows' locks until the answer), and a
     // few for bookkeeping, the metrics endpoint and `drain`'s counts.
     let store = Store::new(

@@ -406,3 +406,93 @@ async fn rows_are_marked_delivered_as_their_writes_are_answered() {
     .await;
     env.wait_drained().await;
 }
+
+/// Rows of one tuple each, `user:u<n>` viewer of `document:<n>` for n in `from..=to`, inserted in
+/// one statement; `delivered` inserts them already delivered.
+fn rows_sql(from: i64, to: i64, delivered: bool) -> String {
+    format!(
+        "INSERT INTO fga_outbox (payload, processed_at) \
+         SELECT jsonb_build_object('writes', jsonb_build_array(jsonb_build_object( \
+                  'user', 'user:u' || n, 'relation', 'viewer', 'object', 'document:' || n))), \
+                {} \
+           FROM generate_series({from}, {to}) n",
+        if delivered { "now()" } else { "NULL" }
+    )
+}
+
+/// What the relay's sessions have read of the table by scanning it whole, once the statistics
+/// of at least `updates` row updates (its marks) have reached the server's counters: a
+/// backend reports all its counters together, at most a few seconds after its transactions.
+async fn rows_scanned_after(admin: &tokio_postgres::Client, updates: i64) -> i64 {
+    let read = || async {
+        let r = admin
+            .query_one(
+                "SELECT pg_stat_clear_snapshot(), n_tup_upd, seq_tup_read \
+                 FROM pg_stat_user_tables WHERE relid = 'fga_outbox'::regclass",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get::<_, i64>(1), r.get::<_, i64>(2))
+    };
+    wait_until(
+        Duration::from_secs(30),
+        &format!("the statistics count {updates} row updates"),
+        || async { read().await.0 >= updates },
+    )
+    .await;
+    read().await.1
+}
+
+/// The relay prepares its statements once a connection, and after a few runs PostgreSQL keeps a
+/// generic plan for each. Planned while the table held a thousand rows, that plan was a scan of
+/// the whole table for a Write's lock; kept while the table grows to the millions of delivered
+/// rows it keeps as evidence, every Write would read them all. The relay's sessions must find
+/// rows by key whatever size the table had when they planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_planned_on_a_small_table_still_find_rows_by_key_once_it_is_large() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    // Autovacuum's statistics would make PostgreSQL plan them again; a busy server may not get to
+    // the table for minutes.
+    // Statistics of a one-page table, as a new outbox has after its first autovacuum.
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE fga_outbox SET (autovacuum_enabled = false); {}; ANALYZE fga_outbox",
+            rows_sql(1, 50, false)
+        ))
+        .await
+        .unwrap();
+    // Writes of one row, one at a time: fifty of them on a few connections, each statement
+    // planned generically by its sixth run.
+    let _relay = env.spawn_relay(&[
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+    ]);
+    // Waiting for the last row, found by key: counting the pending rows would scan the table
+    // itself (its statistics say every row is pending).
+    let newest = || async {
+        admin
+            .query_one("SELECT max(id) FROM fga_outbox", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    env.wait_delivered(newest().await).await;
+    let before = rows_scanned_after(&admin, 50).await;
+    admin
+        .batch_execute(&rows_sql(51, 100_050, true))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&rows_sql(100_051, 100_100, false))
+        .await
+        .unwrap();
+    env.wait_delivered(newest().await).await;
+    let scanned = rows_scanned_after(&admin, 100).await - before;
+    assert!(
+        scanned < 100_000,
+        "the relay read {scanned} rows by scanning the table while it delivered 50 rows of a \
+         table of 100,100"
+    );
+}

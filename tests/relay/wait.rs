@@ -309,3 +309,65 @@ async fn a_waiting_call_holds_no_lock_on_the_table() {
         .expect("DDL does not wait for the waiting call");
     assert_eq!(waiting.await.unwrap().unwrap(), "pending");
 }
+
+/// A session plans a wait's look once, at its first wait (a generic plan, kept while the session
+/// lasts). Planned while the table held fifty rows, that plan was a scan of the whole
+/// table, and every look of every later wait read all the rows the table had grown to. A look
+/// must find its rows by key whatever size the table had when it was planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_planned_on_a_small_table_still_finds_rows_by_key_once_it_is_large() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let delivered = |n: i64| {
+        format!(
+            "INSERT INTO fga_outbox (payload, processed_at) \
+             SELECT '{{\"writes\": [{{\"user\": \"user:u\", \"relation\": \"viewer\", \
+                       \"object\": \"document:1\"}}]}}', now() \
+               FROM generate_series(1, {n})"
+        )
+    };
+    let newest = || async {
+        admin
+            .query_one("SELECT max(id) FROM fga_outbox", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    // Statistics of a one-page table, as a new outbox has after its first autovacuum; then no
+    // autovacuum, whose statistics would make PostgreSQL plan the look again.
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE fga_outbox SET (autovacuum_enabled = false); {}; ANALYZE fga_outbox",
+            delivered(50)
+        ))
+        .await
+        .unwrap();
+    let client = env.db.connect().await;
+    assert_eq!(
+        wait_for(&client, &[newest().await], "1s").await.unwrap(),
+        "delivered"
+    );
+    admin.batch_execute(&delivered(100_000)).await.unwrap();
+    // In a transaction that has not written (where a wait may run): nothing the session counts
+    // is reported before it ends, so the session's own counters (`pg_stat_xact_*`) still hold
+    // what the wait read.
+    client.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(
+        wait_for(&client, &[newest().await], "1s").await.unwrap(),
+        "delivered"
+    );
+    let scanned: i64 = client
+        .query_one(
+            "SELECT seq_tup_read FROM pg_stat_xact_user_tables \
+             WHERE relid = 'fga_outbox'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    client.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        scanned < 100_000,
+        "the wait read {scanned} rows by scanning the table of 100,050 rows"
+    );
+}
