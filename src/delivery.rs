@@ -546,7 +546,9 @@ impl Deliverer {
         // Rows whose every operation was applied already: marked at the end, with no Write.
         let mut delivered = Vec::new();
         let batch = self.settings.batch_size.max(1);
-        let mut after = 0i64;
+        // The smallest id not read yet: ids are the table's to give, and may be 0 or below.
+        let mut from = i64::MIN;
+        let mut first = true;
         let mut exhausted = false;
         let mut launching = true;
         let mut failed: Option<StoreError> = None;
@@ -569,20 +571,21 @@ impl Deliverer {
             if launching && !exhausted && queue.len() < batch {
                 // The first page is read locked, for the first Write (see `Spare`), and no
                 // larger than a Write can be, so that a page it is not costs few locks.
-                let first = after == 0;
                 let limit = if first {
                     batch.min(self.max_tuples.max(1))
                 } else {
                     batch
                 };
                 match self
-                    .read_page(after, limit, first, &mut queue, &mut blocked, &mut report)
+                    .read_page(from, limit, first, &mut queue, &mut blocked, &mut report)
                     .await
                 {
                     Ok((None, _)) => exhausted = true,
                     Ok((Some((last, n)), locked)) => {
-                        after = last;
-                        exhausted = n < limit;
+                        first = false;
+                        // No id above i64::MAX: that page was the last.
+                        exhausted = n < limit || last == i64::MAX;
+                        from = last.saturating_add(1);
                         spare = locked;
                     }
                     Err(e) => {
@@ -697,7 +700,7 @@ impl Deliverer {
     /// into the queue.
     async fn read_page(
         &mut self,
-        after: i64,
+        from: i64,
         batch: usize,
         lock: bool,
         queue: &mut BTreeMap<i64, Candidate>,
@@ -708,14 +711,14 @@ impl Deliverer {
         let tx = WriteTx(Some(self.store.pool().get().await?));
         let conn = tx.conn();
         let locked = match lock {
-            true => self.store.claim_locked(conn, after, batch as i64).await?,
+            true => self.store.claim_locked(conn, from, batch as i64).await?,
             false => None,
         };
         // A transaction is open, holding the rows read.
         let mut open = locked.is_some();
         let rows = match locked {
             Some(rows) => rows,
-            None => self.store.claim(conn, after, batch as i64).await?,
+            None => self.store.claim(conn, from, batch as i64).await?,
         };
         let Some(last) = rows.last().map(|r| r.id) else {
             if open {

@@ -92,9 +92,32 @@ pub enum SchemaProblem {
     MissingColumn { table: String, column: String },
     #[error("table {0} does not exist: run `fga-relay migrate`")]
     MissingLeaderTable(String),
+    #[error(
+        "column {table}.{column} is {found}, and the relay reads it as {expected}: \
+         ALTER TABLE {table} ALTER COLUMN {column} TYPE {expected} (which rewrites the table)"
+    )]
+    ColumnType {
+        table: String,
+        column: String,
+        found: String,
+        expected: &'static str,
+    },
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
 }
+
+/// The columns the relay reads and writes, with the types it can read each as (the first is
+/// the one `migrate` creates). NULL is allowed where an adopted table allows it: the relay reads
+/// `created_at` and `attempts` through `coalesce`.
+const COLUMNS: [(&str, &[&str]); 7] = [
+    ("id", &["bigint"]),
+    ("payload", &["jsonb"]),
+    ("created_at", &["timestamp with time zone"]),
+    ("processed_at", &["timestamp with time zone"]),
+    ("attempts", &["integer"]),
+    ("last_error", &["text", "character varying"]),
+    ("failed_at", &["timestamp with time zone"]),
+];
 
 /// Checks that `migrate` has run; returns the table's oid (the second key of its advisory locks)
 /// and whether the wake-up trigger is installed.
@@ -109,29 +132,31 @@ pub async fn check(client: &Client, table: &TableName) -> Result<TableInfo, Sche
     let Some(oid) = oid else {
         return Err(SchemaProblem::MissingTable(table.to_string()));
     };
-    let columns: Vec<String> = client
+    let columns: Vec<(String, String)> = client
         .query(
-            "SELECT attname::text FROM pg_attribute WHERE attrelid = $1::integer::oid \
-             AND attnum > 0 AND NOT attisdropped",
+            "SELECT attname::text, format_type(atttypid, NULL) FROM pg_attribute \
+             WHERE attrelid = $1::integer::oid AND attnum > 0 AND NOT attisdropped",
             &[&oid],
         )
         .await?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
-    for column in [
-        "id",
-        "payload",
-        "created_at",
-        "processed_at",
-        "attempts",
-        "last_error",
-        "failed_at",
-    ] {
-        if !columns.iter().any(|c| c == column) {
+    // `migrate` adopts a table that exists as it is (an application's own outbox); a column of
+    // another type would fail every pass, with the relay up and leading.
+    for (column, types) in COLUMNS {
+        let Some((_, found)) = columns.iter().find(|(c, _)| c == column) else {
             return Err(SchemaProblem::MissingColumn {
                 table: table.to_string(),
                 column: column.to_owned(),
+            });
+        };
+        if !types.contains(&found.as_str()) {
+            return Err(SchemaProblem::ColumnType {
+                table: table.to_string(),
+                column: column.to_owned(),
+                found: found.clone(),
+                expected: types[0],
             });
         }
     }

@@ -118,28 +118,28 @@ impl Store {
         client.prepare_cached(&self.q.mark_delivered).await
     }
 
-    /// Reads the page of pending rows after `after` (nothing locked).
+    /// Reads the page of pending rows from id `from` on (nothing locked).
     pub async fn claim(
         &self,
         tx: &impl GenericClient,
-        after: i64,
+        from: i64,
         limit: i64,
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim).await?;
-        Self::claimed(tx.query(&stmt, &[&after, &limit]).await?)
+        Self::claimed(tx.query(&stmt, &[&from, &limit]).await?)
     }
 
-    /// Opens a transaction on `conn` and reads the page of pending rows after `after` in it,
+    /// Opens a transaction on `conn` and reads the page of pending rows from id `from` on in it,
     /// locked as a Write's rows are (claim_locked.sql). `None` when another session holds one
     /// of them: the transaction is then rolled back.
     pub async fn claim_locked(
         &self,
         conn: &deadpool_postgres::Client,
-        after: i64,
+        from: i64,
         limit: i64,
     ) -> Result<Option<Vec<ClaimedRow>>, tokio_postgres::Error> {
         let stmt = conn.prepare_cached(&self.q.claim_locked).await?;
-        match Self::begin_and_query(conn, &stmt, &[&after, &limit]).await {
+        match Self::begin_and_query(conn, &stmt, &[&from, &limit]).await {
             Ok(rows) => Self::claimed(rows).map(Some),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
                 conn.batch_execute("ROLLBACK").await?;

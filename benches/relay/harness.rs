@@ -269,9 +269,9 @@ impl Bench {
     }
 
     /// `BEGIN; EXPLAIN (ANALYZE, BUFFERS) <the claim>; ROLLBACK` with the relay's parameters
-    /// (first page, batch 500), as a generic plan: the relay runs the claim as a prepared
-    /// statement, and after five executions PostgreSQL settles on the generic plan when it is
-    /// no dearer than the custom ones.
+    /// (first page, batch 500, no sequential scans), as a generic plan: the relay runs the claim
+    /// as a prepared statement, and after five executions PostgreSQL settles on the generic plan
+    /// when it is no dearer than the custom ones.
     pub(crate) async fn explain_claim(&self) -> Result<String> {
         let body: String = CLAIM_SQL
             .lines()
@@ -281,13 +281,14 @@ impl Bench {
         self.admin
             .batch_execute(&format!(
                 "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; \
-                 PREPARE bench_claim(bigint, bigint) AS {body}"
+                 SET LOCAL enable_seqscan = off; PREPARE bench_claim(bigint, bigint) AS {body}"
             ))
             .await?;
         let rows = self
             .admin
             .simple_query(&format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim(0, {BATCH})"
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim({}, {BATCH})",
+                i64::MIN
             ))
             .await;
         let cleanup = self.admin.batch_execute("ROLLBACK; DEALLOCATE ALL").await;

@@ -1,5 +1,5 @@
--- Reads the next page of pending rows, in id order, for planning Writes. $1: the last id of the
--- previous page (0 to start), $2: how many rows.
+-- Reads the next page of pending rows, in id order, for planning Writes. $1: the smallest id not
+-- read yet (the smallest bigint to start: ids may be 0 or below), $2: how many rows.
 --
 -- Nothing is locked here: each Write locks its own rows (lock.sql) in a transaction of its own,
 -- held while the Write is in flight, and marks them delivered in it. A row another session holds
@@ -7,8 +7,10 @@
 --
 -- The payload comes as text: jsonb holds documents (numbers beyond a double, deep nesting) that
 -- a full JSON decode refuses, and the relay reads only the keys it needs.
-SELECT id, payload::text, created_at, attempts
+-- An adopted table (the application's own) may allow NULL in created_at and attempts; such a
+-- row is read as just created and never tried, not refused.
+SELECT id, payload::text, coalesce(created_at, clock_timestamp()), coalesce(attempts, 0)
 FROM fga_outbox
-WHERE processed_at IS NULL AND failed_at IS NULL AND id > $1
+WHERE processed_at IS NULL AND failed_at IS NULL AND id >= $1
 ORDER BY id
 LIMIT $2

@@ -1,5 +1,5 @@
 -- The first page of a pass, read and locked at once, in the transaction of that pass's first
--- Write. $1: 0 or the last id already read, $2: how many rows.
+-- Write. $1: the smallest id not read yet (the smallest bigint), $2: how many rows.
 --
 -- When the whole page is that one Write (the few rows a wake-up finds, the usual case), the
 -- Write needs no lock statement of its own: a round trip less between a commit and OpenFGA.
@@ -10,9 +10,11 @@
 -- a pending row is found: a pass that finds nothing takes no transaction id and writes nothing.
 -- NOWAIT: a row another session holds fails the whole read (55P03); the relay then reads the
 -- page without locks (claim.sql), and finds the held row when its Write tries to lock it.
-SELECT id, payload::text, created_at, attempts
+-- An adopted table (the application's own) may allow NULL in created_at and attempts; such a
+-- row is read as just created and never tried, not refused.
+SELECT id, payload::text, coalesce(created_at, clock_timestamp()), coalesce(attempts, 0)
 FROM fga_outbox
-WHERE processed_at IS NULL AND failed_at IS NULL AND id > $1
+WHERE processed_at IS NULL AND failed_at IS NULL AND id >= $1
   AND pg_advisory_xact_lock(1718051123,
           (pg_current_xact_id()::text::bigint % 4294967296 - 2147483648)::integer) IS NOT NULL
 ORDER BY id

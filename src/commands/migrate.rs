@@ -24,6 +24,8 @@ impl Migrate {
         schema::migrate(&mut client, &db.table)
             .await
             .map_err(|e| anyhow::anyhow!("migrate failed: {}", crate::db::describe(&e)))?;
+        // A table that was there already is kept as it is: say now if the relay cannot use it.
+        schema::check(&client, &db.table).await?;
         drop(client);
         let _ = driver.await;
         info!(table = %db.table, "schema is up to date");

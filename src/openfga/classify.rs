@@ -249,15 +249,23 @@ pub fn classify(
     }
 }
 
-/// The operation named as `Invalid tuple 'object#relation@user'` (optionally followed by
-/// ` (condition c)`).
+/// The operation named as `Invalid tuple 'object#relation@user'` (or `'… (condition c)'`, with
+/// its own condition), followed by `. Reason…` or nothing. Ids may hold an apostrophe but never
+/// a space: `user:o` must not take the blame for `'document:1#viewer@user:o'x'`.
 fn find_by_notation(message: &str, ops: &[&Op]) -> Option<usize> {
     ops.iter().position(|op| {
         let k = op.key();
         let needle = format!("Invalid tuple '{}#{}@{}", k.object, k.relation, k.user);
+        let closing = match op {
+            Op::Write {
+                condition: Some(c), ..
+            } => format!(" (condition {})'", c.name),
+            _ => "'".to_owned(),
+        };
         message.match_indices(&needle).any(|(i, _)| {
-            let rest = &message[i + needle.len()..];
-            rest.starts_with('\'') || rest.starts_with(" (condition")
+            message[i + needle.len()..]
+                .strip_prefix(&closing)
+                .is_some_and(|after| after.is_empty() || after.starts_with(". "))
         })
     })
 }

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-/// Reads `Retry-After`: seconds, or an HTTP date. Values outside 0..=30 min are ignored, as the
-/// OpenFGA SDKs do.
+/// Reads `Retry-After`: seconds, or an HTTP date. Values outside 30 min are ignored, as the
+/// OpenFGA SDKs do; so is "now" (`0`, or a date already past, as a server whose clock is behind
+/// sends), which would otherwise take away the backoff and retry at once, again and again.
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let value = value.trim();
     let d = if let Ok(secs) = value.parse::<u64>() {
@@ -15,7 +16,7 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
         at.duration_since(std::time::SystemTime::now())
             .unwrap_or(Duration::ZERO)
     };
-    (d <= Duration::from_secs(1800)).then_some(d)
+    (!d.is_zero() && d <= Duration::from_secs(1800)).then_some(d)
 }
 
 /// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form `Retry-After` uses.

@@ -115,6 +115,20 @@ impl Env {
         .await;
     }
 
+    /// Whether every row of `ids` is delivered within `within` (false at the deadline: for a
+    /// test that reports what it found rather than failing at once).
+    pub async fn all_delivered_within(&self, ids: &[i64], within: Duration) -> bool {
+        poll_until(within, Duration::from_millis(100), || async {
+            let mut all = true;
+            for id in ids {
+                all &= self.row(*id).await.delivered;
+            }
+            all
+        })
+        .await
+        .is_some()
+    }
+
     /// Waits (up to [`PROMPTLY`](super::pg::PROMPTLY)) until no row is pending.
     pub async fn wait_drained(&self) {
         wait_until(super::pg::PROMPTLY, "no row is pending", || async {

@@ -496,3 +496,37 @@ async fn statements_planned_on_a_small_table_still_find_rows_by_key_once_it_is_l
          table of 100,100"
     );
 }
+
+/// Ids are the table's to give: an application that inserts its own (rows copied from another
+/// outbox, an identity that starts below zero to use the whole bigint range) may give 0 or a
+/// negative id. Those rows are pending like any other and must be delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_with_an_id_of_zero_or_below_are_delivered() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    let mut ids = Vec::new();
+    for (id, user) in [(-5i64, "user:minus"), (0, "user:zero")] {
+        client
+            .execute(
+                "INSERT INTO fga_outbox (id, payload) VALUES ($1, $2)",
+                &[&id, &writes(&[tk(user, "viewer", "document:1")])],
+            )
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    ids.push(insert_with(&client, writes(&[tk("user:one", "viewer", "document:1")])).await);
+    let relay = env.start_relay().await;
+    let delivered = env
+        .all_delivered_within(&ids, Duration::from_secs(20))
+        .await;
+    let mut states = Vec::new();
+    for id in &ids {
+        states.push((*id, env.row(*id).await));
+    }
+    assert!(
+        delivered,
+        "rows still pending after 20 s: {states:?}\n{}",
+        relay.logs()
+    );
+}

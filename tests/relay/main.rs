@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adopted;
 mod commands;
 mod delivery;
 mod faults;
