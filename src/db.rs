@@ -84,6 +84,10 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   read them all (measured: 99 scans of 100,100 rows to deliver 50 of them). Off, a scan is
 ///   chosen only where no index can serve. Not for the other commands: their counts and
 ///   reports read much of the table, which a scan does best.
+/// - `default_transaction_isolation = 'read committed'`: the relay's claims skip and wait on
+///   row locks, and a wait for rows reads later commits, as READ COMMITTED does. A role or
+///   database defaulting to SERIALIZABLE made every pass beside in-flight Writes fail with
+///   serialization errors, and delivery crawl.
 /// - `statement_timeout = 0`, and `idle_session_timeout = 0` where it exists: the relay's
 ///   statements are short, and waits on its own sessions are bounded by the relay itself (the
 ///   heartbeat); a server-wide limit would end the idle LISTEN session of a standby.
@@ -102,6 +106,7 @@ fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
         "SET synchronous_commit = {}; \
          SET idle_in_transaction_session_timeout = {idle_ms}; SET statement_timeout = 0; \
          SET enable_seqscan = {seqscan}; \
+         SET default_transaction_isolation = 'read committed'; \
          SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 5; \
          SET tcp_keepalives_count = 3; \
          SELECT set_config('tcp_user_timeout', '{}', false) \

@@ -743,7 +743,13 @@ impl Deliverer {
                     if std::mem::take(&mut open) {
                         conn.batch_execute("ROLLBACK").await?;
                     }
-                    self.dead_letter(conn, row.id, &e, report).await?;
+                    let read = row.payload.as_deref().ok();
+                    if !self.dead_letter(conn, row.id, &e, read, report).await? {
+                        // Held by another session, or changed since it was read: looked at
+                        // again soon, with what it says then.
+                        report.held += 1;
+                        report.locked += 1;
+                    }
                     continue;
                 }
             };
@@ -1009,7 +1015,8 @@ impl Deliverer {
                 };
                 let mut rows: Vec<Candidate> = plan.into_rows();
                 let bad = rows.remove(r);
-                self.dead_letter(tx, bad.id, &e.to_string(), report).await?;
+                self.dead_letter(tx, bad.id, &e.to_string(), None, report)
+                    .await?;
                 Self::requeue(queue, rows);
                 Ok(Flow::Continue)
             }
@@ -1100,7 +1107,8 @@ impl Deliverer {
             queue.insert(c.id, c);
             return Ok(Flow::Continue);
         }
-        self.dead_letter(tx, c.id, &e.to_string(), report).await?;
+        self.dead_letter(tx, c.id, &e.to_string(), None, report)
+            .await?;
         Ok(Flow::Continue)
     }
 
@@ -1144,7 +1152,7 @@ impl Deliverer {
             let reason = format!(
                 "gave up after {strikes} failed attempts while other rows were delivered: {e}"
             );
-            self.dead_letter(tx, id, &reason, report).await?;
+            self.dead_letter(tx, id, &reason, None, report).await?;
             return Ok(Self::after_retry_after(e, report));
         }
         let at = Instant::now() + ROW_BACKOFF.delay(strikes);
@@ -1210,18 +1218,26 @@ impl Deliverer {
         Ok(())
     }
 
+    /// Gives up on row `id` (see [`Store::dead_letter`]); returns whether it did.
     async fn dead_letter(
         &mut self,
         tx: &impl GenericClient,
         id: i64,
         reason: &str,
+        read: Option<&str>,
         report: &mut PassReport,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
+        if !self.store.dead_letter(tx, id, reason, read).await? {
+            debug!(
+                id,
+                "not dead-lettered: another session holds the row, or changed it"
+            );
+            return Ok(false);
+        }
         warn!(id, reason, "row dead-lettered");
-        self.store.dead_letter(tx, id, reason).await?;
         self.memo.remove(&id);
         self.metrics.rows_dead_lettered.inc();
         report.dead += 1;
-        Ok(())
+        Ok(true)
     }
 }

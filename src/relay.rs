@@ -38,6 +38,8 @@ const DB_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::f
 const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(2));
 /// Looking again at rows another session holds: no notification announces that it let them go.
 const LOCKED_ROWS_POLL: Duration = Duration::from_millis(500);
+/// A session lost sooner than this after it opened counts as a failure to connect (backoff).
+const SHORT_SESSION: Duration = Duration::from_secs(10);
 /// Trying the leadership lock again right after ending a stale leader's session.
 const AFTER_ENDING_LEADER: Duration = Duration::from_millis(100);
 
@@ -218,16 +220,30 @@ impl Relay {
         keep_going: &dyn Fn() -> bool,
     ) -> Option<Result<PassReport, StoreError>> {
         let grace = self.delivery.fence(self.fga.request_timeout);
-        tokio::select! {
-            r = deliverer.pass(keep_going, session.send_window()) => Some(r),
-            _ = async {
-                session.lost().cancelled().await;
-                tokio::time::sleep(grace).await;
-            } => {
-                warn!("a pass did not end after the connection was lost; giving it up");
-                *locked(&self.terms.carry) = None;
-                self.store.pool().retain(|_, _| false);
-                None
+        let pass = deliverer.pass(keep_going, session.send_window());
+        let given_up = async {
+            session.lost().cancelled().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::pin!(pass, given_up);
+        // A pass drains the whole backlog, which behind a slow OpenFGA (or a table lock) takes
+        // longer than systemd's watchdog allows: fed while the session holds, the relay is not
+        // killed mid-drain (and again after each restart).
+        let mut feed = tokio::time::interval(self.systemd.feed_interval());
+        loop {
+            tokio::select! {
+                r = &mut pass => return Some(r),
+                _ = &mut given_up => {
+                    warn!("a pass did not end after the connection was lost; giving it up");
+                    *locked(&self.terms.carry) = None;
+                    self.store.pool().retain(|_, _| false);
+                    return None;
+                }
+                _ = feed.tick() => {
+                    if !session.is_lost() {
+                        self.systemd.alive();
+                    }
+                }
             }
         }
     }
@@ -269,7 +285,7 @@ impl Relay {
                     continue;
                 }
             };
-            failures = 0;
+            let opened = Instant::now();
             if connected_before {
                 self.metrics.reconnects.inc();
                 info!("LISTEN connection reconnected");
@@ -292,11 +308,26 @@ impl Relay {
             match end {
                 LeadEnd::Shutdown => break,
                 LeadEnd::Lost => {
-                    warn!("LISTEN connection lost; reconnecting");
                     self.abandon(&session);
                     // Another relay may deliver while we are away: what we knew about rows
                     // may no longer hold.
                     deliverer.forget();
+                    // A session that fails as soon as it is open (the leader table not found
+                    // under the role's search path, a revoked grant) would otherwise be opened
+                    // again at once, a hundred times a second: back off as for a refused
+                    // connection, until one lasts.
+                    if opened.elapsed() < SHORT_SESSION {
+                        failures += 1;
+                        let wait = RECONNECT_BACKOFF.delay(failures);
+                        warn!(retry_in = ?wait, "LISTEN connection lost soon after it opened; \
+                            reconnecting");
+                        if !self.nap(wait, &[&shutdown]).await {
+                            break;
+                        }
+                    } else {
+                        failures = 0;
+                        warn!("LISTEN connection lost; reconnecting");
+                    }
                 }
             }
         }

@@ -199,14 +199,17 @@ impl Store {
         tx.execute(&stmt, &[&ids, &error]).await
     }
 
+    /// Gives up on row `id`, if it is still pending, not held by another session, and (when
+    /// `read` is given) still has the payload the relay read. Returns whether it did.
     pub async fn dead_letter(
         &self,
         tx: &impl GenericClient,
         id: i64,
         reason: &str,
-    ) -> Result<u64, tokio_postgres::Error> {
+        read: Option<&str>,
+    ) -> Result<bool, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.dead_letter).await?;
-        tx.execute(&stmt, &[&id, &reason]).await
+        Ok(tx.execute(&stmt, &[&id, &reason, &read]).await? > 0)
     }
 
     pub async fn status(&self) -> Result<StatusCounts, StoreError> {

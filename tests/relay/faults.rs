@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// The outbox of `n` rows: row i writes `user:u{i} viewer document:{i % 100}`, and every tenth
 /// row also deletes the tuple written five rows before. Returns the expected final tuples.
-async fn fill(env: &Env, n: i64) -> BTreeMap<String, bool> {
+pub(crate) async fn fill(env: &Env, n: i64) -> BTreeMap<String, bool> {
     let client = env.db.connect().await;
     client
         .execute(

@@ -16,6 +16,7 @@ mod payloads;
 mod reconcile;
 mod secret_files;
 mod security;
+mod sessions;
 mod settings;
 mod summary;
 mod wait;

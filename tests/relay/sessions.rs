@@ -1,0 +1,362 @@
+//! The relay's PostgreSQL sessions among other sessions and settings: a row another session
+//! holds or corrects, a role whose transactions default to SERIALIZABLE, a session that fails as
+//! soon as it is open, a pass longer than systemd's watchdog. Each test failed before its fix.
+
+use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::pg::{PROMPTLY, count};
+use crate::common::relay::{Env, accepted_writes, tk, wait_until, writes};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// CPU time (user + system) the process has used so far, from /proc/<pid>/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // state is f[0]; utime is field 14 of the whole line, f[11] here; stime f[12].
+    let ticks: u64 = f.get(11).and_then(|s| s.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// Each tuple's operations as OpenFGA applied them, in order: "+" a write, "-" a delete.
+fn applied_per_tuple(fga: &FakeFga) -> HashMap<String, Vec<String>> {
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    for w in accepted_writes(fga) {
+        for (p, sign) in [("writes", "+"), ("deletes", "-")] {
+            for k in w.body[p]["tuple_keys"].as_array().into_iter().flatten() {
+                let key = format!(
+                    "{}#{}@{}",
+                    k["object"].as_str().unwrap_or(""),
+                    k["relation"].as_str().unwrap_or(""),
+                    k["user"].as_str().unwrap_or("")
+                );
+                out.entry(key).or_default().push(sign.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Inserts a row with no tuples (dead-lettered as soon as the relay reads it); returns its id.
+async fn insert_malformed(client: &tokio_postgres::Client) -> i64 {
+    crate::common::relay::insert_text(client, r#"{"writes": []}"#)
+        .await
+        .expect("insert a malformed row")
+}
+
+/// A malformed row that another session holds (an operator fixing it by hand, a script
+/// correcting payloads) must not stop the rows behind it on other tuples: it is dead-lettered
+/// (or not) once let go, but the relay keeps delivering meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_malformed_row_does_not_stop_other_tuples() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let bad = insert_malformed(&admin).await;
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&bad])
+        .await
+        .unwrap();
+    let relay = env.spawn_relay(&[]);
+    relay.wait_for_log("delivering (leader)").await;
+    let other = env
+        .insert(writes(&[tk("user:other", "viewer", "document:o")]))
+        .await;
+    let delivered =
+        crate::common::relay::poll_until(PROMPTLY, Duration::from_millis(50), || async {
+            env.row(other).await.delivered
+        })
+        .await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        delivered.is_some(),
+        "a row on another tuple waited for the session holding a malformed row; relay log:\n{}",
+        relay.logs()
+    );
+}
+
+/// Each tuple's operations in id order, for the outbox `faults::fill` makes of `n` rows (row i
+/// writes `user:u{i} viewer document:{i % 100}`; every tenth also deletes the tuple written
+/// five rows before).
+fn fill_order(n: i64) -> HashMap<String, Vec<String>> {
+    let mut expected: HashMap<String, Vec<String>> = HashMap::new();
+    for i in 0..n {
+        expected
+            .entry(format!("document:{}#viewer@user:u{i}", i % 100))
+            .or_default()
+            .push("+".into());
+        if i % 10 == 9 {
+            expected
+                .entry(format!("document:{}#viewer@user:u{}", (i - 5) % 100, i - 5))
+                .or_default()
+                .push("-".into());
+        }
+    }
+    expected
+}
+
+/// `faults::fill`, and each tuple's operations in id order.
+async fn fill(env: &Env, n: i64) -> HashMap<String, Vec<String>> {
+    crate::faults::fill(env, n).await;
+    fill_order(n)
+}
+
+/// Asserts that each tuple's applied operations, repeats of the same operation in a row
+/// folded (at least once), are its operations in id order; returns the operations applied
+/// beyond the outbox's own.
+fn assert_order(fga: &FakeFga, expected: &HashMap<String, Vec<String>>) -> usize {
+    let applied = applied_per_tuple(fga);
+    let mut extra = 0;
+    for (k, want) in expected {
+        let got = applied.get(k).cloned().unwrap_or_default();
+        extra += got.len().saturating_sub(want.len());
+        let mut folded = got.clone();
+        folded.dedup();
+        assert_eq!(
+            &folded, want,
+            "tuple {k}: applied {got:?}, outbox order {want:?}"
+        );
+    }
+    extra
+}
+
+/// The connection string with another user.
+fn as_user(url: &str, user: &str) -> String {
+    url.replace("user=postgres", &format!("user={user}"))
+}
+
+/// A role the relay connects as, with `settings` (ALTER ROLE … SET), superuser so that no
+/// grant is in the way.
+async fn role_with(env: &Env, name: &str, settings: &[&str]) -> String {
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(&format!("CREATE ROLE {name} LOGIN SUPERUSER"))
+        .await
+        .unwrap();
+    for s in settings {
+        admin
+            .batch_execute(&format!("ALTER ROLE {name} SET {s}"))
+            .await
+            .unwrap();
+    }
+    as_user(env.db.url(), name)
+}
+
+/// A role whose transactions default to SERIALIZABLE (some shops set it database-wide): a
+/// drain of 2,000 rows with several Writes in flight ends within a minute (under a second
+/// with the server's default isolation), in order, nothing dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_default_isolation_still_drains_in_order() {
+    let env = Env::start().await;
+    let url = role_with(
+        &env,
+        "relay_ser",
+        &["default_transaction_isolation = 'serializable'"],
+    )
+    .await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(20)),
+        1_000_000,
+    ));
+    let expected = fill(&env, 2000).await;
+    let started = Instant::now();
+    let relay = env.spawn_relay(&[("DATABASE_URL", &url), ("FGA_MAX_TUPLES_PER_WRITE", "10")]);
+    let cpu0 = cpu_time(relay.pid());
+    let drained = crate::common::relay::poll_until(
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { env.pending().await == 0 },
+    )
+    .await;
+    let took = started.elapsed();
+    let left = env.pending().await;
+    let cpu = cpu_time(relay.pid()) - cpu0;
+    let logs = relay.logs();
+    let serialization = logs.matches("could not serialize").count();
+    println!(
+        "serializable: {left} rows pending after {took:?}, cpu {cpu:?}, {} Writes, \
+         {serialization} serialization failures logged",
+        accepted_writes(&env.fga).len()
+    );
+    assert!(drained.is_some(), "{left} rows still pending after 60 s");
+    assert_order(&env.fga, &expected);
+    assert_eq!(env.dead().await, 0, "dead rows:\n{logs}");
+    assert_eq!(serialization, 0, "serialization failures; log:\n{logs}");
+}
+
+/// A malformed row an operator is correcting (an UPDATE of its payload, not yet committed when
+/// the relay reads the row) ends delivered with the corrected payload, not dead-lettered for
+/// what it no longer says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_row_corrected_meanwhile_is_not_dead_lettered() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let bad = insert_malformed(&admin).await;
+    let fixer = env.db.connect().await;
+    fixer.batch_execute("BEGIN").await.unwrap();
+    fixer
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&bad, &writes(&[tk("user:fixed", "viewer", "document:f")])],
+        )
+        .await
+        .unwrap();
+    let other = env
+        .insert(writes(&[tk("user:other", "viewer", "document:o")]))
+        .await;
+    let relay = env.spawn_relay(&[]);
+    relay.wait_for_log("delivering (leader)").await;
+    // The relay has read the committed (malformed) version once it has passed it: the row
+    // behind it is delivered, or the relay waits for the fixer's lock.
+    wait_until(PROMPTLY, "the relay has read the row", || async {
+        env.row(other).await.delivered
+            || count(
+                &admin,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'fga-relay run' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+                > 0
+    })
+    .await;
+    fixer.batch_execute("COMMIT").await.unwrap();
+    wait_until(PROMPTLY, "the row is delivered or dead", || async {
+        let r = env.row(bad).await;
+        r.delivered || r.dead
+    })
+    .await;
+    let r = env.row(bad).await;
+    assert!(
+        r.delivered && env.fga.has("user:fixed", "viewer", "document:f"),
+        "the corrected row ended {r:?}; relay log:\n{}",
+        relay.logs()
+    );
+}
+
+/// A relay whose LISTEN session connects but then fails at every turn (here the role's
+/// `search_path` changed under it, so the leader table is not found; a revoked grant or a
+/// dropped table does the same) must back off between reconnects, not open a new
+/// connection every few milliseconds and spin; and it delivers once the setting is undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_fails_after_connecting_is_not_reconnected_in_a_busy_loop() {
+    let env = Env::start().await;
+    let url = role_with(&env, "relay_sp", &[]).await;
+    let relay = env.spawn_relay(&[("DATABASE_URL", &url)]);
+    relay.wait_for_log("delivering (leader)").await;
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(
+            "ALTER ROLE relay_sp SET search_path = nowhere; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'relay_sp'",
+        )
+        .await
+        .unwrap();
+    let id = env
+        .insert(writes(&[tk("user:x", "viewer", "document:x")]))
+        .await;
+    relay.wait_for_log("cannot ask for leadership").await;
+    let sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()";
+    let (cpu0, s0) = (cpu_time(relay.pid()), count(&admin, sessions, &[]).await);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let cpu = cpu_time(relay.pid()) - cpu0;
+    let opened = count(&admin, sessions, &[]).await - s0;
+    println!("in 10 s: relay cpu {cpu:?}, {opened} sessions opened");
+    admin
+        .batch_execute("ALTER ROLE relay_sp RESET search_path")
+        .await
+        .unwrap();
+    env.wait_delivered(id).await;
+    assert!(
+        opened < 50 && cpu < Duration::from_secs(1),
+        "{opened} sessions opened and {cpu:?} of CPU in 10 s; log tail:\n{}",
+        relay
+            .logs()
+            .lines()
+            .rev()
+            .take(6)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Under systemd (`WatchdogSec=`, 30 s in the shipped unit), a pass that takes longer than the
+/// watchdog (a backlog behind a slow OpenFGA; a table lock the pass waits on) must still feed
+/// the watchdog: otherwise systemd kills the relay with SIGABRT, and again after each restart,
+/// in the middle of the very backlog it is working through. Here WatchdogSec=4s and a pass
+/// of 30 Writes of 500 ms, one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_longer_than_the_systemd_watchdog_still_feeds_it() {
+    let env = Env::start().await;
+    let dir = std::env::temp_dir().join(format!("fga-relay-wd-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("notify");
+    let _ = std::fs::remove_file(&path);
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let fed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (fed, stop) = (fed.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(n) = socket.recv(&mut buf)
+                    && String::from_utf8_lossy(&buf[..n]).contains("WATCHDOG=1")
+                {
+                    fed.lock().unwrap().push(Instant::now());
+                }
+            }
+        })
+    };
+    // WatchdogSec=6s.
+    let watchdog = Duration::from_secs(4);
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(500)),
+        1_000_000,
+    ));
+    fill(&env, 30).await;
+    let relay = env.spawn_relay(&[
+        ("NOTIFY_SOCKET", path.to_str().unwrap()),
+        ("WATCHDOG_USEC", &watchdog.as_micros().to_string()),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(PROMPTLY, "Writes flow", || async {
+        accepted_writes(&env.fga).len() >= 2
+    })
+    .await;
+    let started = Instant::now();
+    wait_until(Duration::from_secs(60), "drained", || async {
+        env.pending().await == 0
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reader.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let fed = fed.lock().unwrap().clone();
+    let during: Vec<Duration> = fed
+        .windows(2)
+        .filter(|w| w[1] > started)
+        .map(|w| w[1] - w[0])
+        .collect();
+    let longest = during.iter().max().copied().unwrap_or_default();
+    println!(
+        "{} watchdog feeds; longest gap during a {:?} drain: {longest:?}",
+        fed.len(),
+        started.elapsed()
+    );
+    assert!(
+        longest < watchdog,
+        "the watchdog went unfed for {longest:?} (WatchdogSec {watchdog:?}): systemd would \
+         have killed the relay"
+    );
+}
