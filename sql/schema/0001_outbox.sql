@@ -17,16 +17,46 @@ CREATE TABLE IF NOT EXISTS fga_outbox (
     last_error   text
 );
 
--- The contract's columns, for a table created by an older version of the contract.
-ALTER TABLE fga_outbox ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0;
-ALTER TABLE fga_outbox ADD COLUMN IF NOT EXISTS last_error text;
--- Set when the relay gives up on a row (dead-lettered); processed_at stays NULL for such a row.
-ALTER TABLE fga_outbox ADD COLUMN IF NOT EXISTS failed_at timestamptz;
-
--- Finding pending rows costs the same whatever the number of delivered rows kept as evidence.
-CREATE INDEX IF NOT EXISTS fga_outbox_pending_idx ON fga_outbox (id) WHERE processed_at IS NULL;
--- Dead rows, for `status` and `retry --dead`, without scanning the delivered ones.
-CREATE INDEX IF NOT EXISTS fga_outbox_dead_idx ON fga_outbox (id) WHERE failed_at IS NOT NULL;
+-- The contract's columns, for a table created by an older version of the contract, and its
+-- indexes. Each is made only where it is missing: ALTER TABLE takes the table's strongest lock
+-- and CREATE INDEX a lock writers conflict with, even when there is nothing to do, and the lock
+-- waits for the relay's Write in flight (up to its request timeout) with every writer's INSERT
+-- queued behind it. A schema already up to date is left without taking either.
+DO $$
+DECLARE
+    t regclass := 'fga_outbox'::regclass;
+    has_index text := 'SELECT EXISTS (SELECT FROM pg_class i JOIN pg_class r
+                          ON r.relnamespace = i.relnamespace WHERE r.oid = $1 AND i.relname = $2)';
+    found boolean;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = t AND attname = 'attempts'
+                    AND NOT attisdropped) THEN
+        ALTER TABLE fga_outbox ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = t AND attname = 'last_error'
+                    AND NOT attisdropped) THEN
+        ALTER TABLE fga_outbox ADD COLUMN IF NOT EXISTS last_error text;
+    END IF;
+    -- Set when the relay gives up on a row (dead-lettered); processed_at stays NULL for it.
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = t AND attname = 'failed_at'
+                    AND NOT attisdropped) THEN
+        ALTER TABLE fga_outbox ADD COLUMN IF NOT EXISTS failed_at timestamptz;
+    END IF;
+    -- Finding pending rows costs the same whatever the number of delivered rows kept as
+    -- evidence.
+    EXECUTE has_index INTO found USING t, 'fga_outbox_pending_idx';
+    IF NOT found THEN
+        CREATE INDEX IF NOT EXISTS fga_outbox_pending_idx ON fga_outbox (id)
+            WHERE processed_at IS NULL;
+    END IF;
+    -- Dead rows, for `status` and `retry --dead`, without scanning the delivered ones.
+    EXECUTE has_index INTO found USING t, 'fga_outbox_dead_idx';
+    IF NOT found THEN
+        CREATE INDEX IF NOT EXISTS fga_outbox_dead_idx ON fga_outbox (id)
+            WHERE failed_at IS NOT NULL;
+    END IF;
+END
+$$;
 
 COMMENT ON COLUMN fga_outbox.payload IS
     'OpenFGA tuple operations: {"writes": [TupleKey...], "deletes": [TupleKey...]}';

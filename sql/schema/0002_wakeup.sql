@@ -22,8 +22,20 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox;
-CREATE TRIGGER fga_outbox_notify
-    AFTER INSERT ON fga_outbox
-    FOR EACH STATEMENT
-    EXECUTE FUNCTION fga_outbox_notify();
+-- Made again only when it is missing, disabled or not this one (tgtype 4: AFTER INSERT, FOR EACH
+-- STATEMENT): DROP and CREATE TRIGGER take a lock writers conflict with, and `migrate` on a
+-- live outbox must not queue them behind it (see part 1).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_trigger
+                    WHERE tgrelid = 'fga_outbox'::regclass AND tgname = 'fga_outbox_notify'
+                      AND tgfoid = 'fga_outbox_notify()'::regprocedure AND tgtype = 4
+                      AND tgenabled = 'O') THEN
+        DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox;
+        CREATE TRIGGER fga_outbox_notify
+            AFTER INSERT ON fga_outbox
+            FOR EACH STATEMENT
+            EXECUTE FUNCTION fga_outbox_notify();
+    END IF;
+END
+$$;

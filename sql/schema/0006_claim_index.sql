@@ -6,5 +6,16 @@
 -- the pending count and the oldest pending row cost the same however many rows are dead.
 -- fga_outbox_pending_idx stays: applications and older relays may rely on it.
 
-CREATE INDEX IF NOT EXISTS fga_outbox_claim_idx ON fga_outbox (id)
-    WHERE processed_at IS NULL AND failed_at IS NULL;
+--
+-- Made only where it is missing (see part 1): CREATE INDEX takes a lock writers conflict with
+-- even when the index is there.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_class i JOIN pg_class r ON r.relnamespace = i.relnamespace
+                    WHERE r.oid = 'fga_outbox'::regclass
+                      AND i.relname = 'fga_outbox_claim_idx') THEN
+        CREATE INDEX IF NOT EXISTS fga_outbox_claim_idx ON fga_outbox (id)
+            WHERE processed_at IS NULL AND failed_at IS NULL;
+    END IF;
+END
+$$;

@@ -1,10 +1,11 @@
 //! The relay's PostgreSQL sessions among other sessions and settings: a row another session
 //! holds or corrects, a role whose transactions default to SERIALIZABLE, a session that fails as
-//! soon as it is open, a pass longer than systemd's watchdog. Each test failed before its fix.
+//! soon as it is open, a pass longer than systemd's watchdog, `migrate` on a live outbox. Each
+//! test failed before its fix.
 
 use crate::common::fga::{FakeFga, Fault, FaultRule};
 use crate::common::pg::{PROMPTLY, count};
-use crate::common::relay::{Env, accepted_writes, tk, wait_until, writes};
+use crate::common::relay::{Env, accepted_writes, insert_with, tk, wait_until, writes};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -358,5 +359,63 @@ async fn a_pass_longer_than_the_systemd_watchdog_still_feeds_it() {
         longest < watchdog,
         "the watchdog went unfed for {longest:?} (WatchdogSec {watchdog:?}): systemd would \
          have killed the relay"
+    );
+}
+
+/// `fga-relay migrate` (idempotent, run by a deploy while the old relay still runs) against a
+/// live outbox with a slow OpenFGA (5 s a Write): an application's INSERT into the outbox
+/// meanwhile should not wait for the relay's Write in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_a_live_outbox_does_not_stall_writers_for_a_write_in_flight() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(5000)),
+        1_000_000,
+    ));
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_REQUEST_TIMEOUT", "8s"),
+        ("FGA_RELAY_LEADER_LEASE", "12s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    let first = env
+        .insert(writes(&[tk("user:first", "viewer", "document:m")]))
+        .await;
+    wait_until(PROMPTLY, "a Write in flight", || async {
+        env.fga.write_count() >= 1
+    })
+    .await;
+    let mut command = env.command(&["migrate"]);
+    command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let migrate = tokio::task::spawn_blocking(move || command.status());
+    let admin = env.db.connect().await;
+    wait_until(PROMPTLY, "migrate has run, or waits for a lock", || async {
+        let queued: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'fga-relay migrate' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        queued > 0 || migrate.is_finished()
+    })
+    .await;
+    let writer = env.db.connect().await;
+    insert_with(&writer, writes(&[tk("user:app", "viewer", "document:m2")])).await;
+    // Not a timing: the INSERT returned while the relay's Write (5 s) was still in flight, its
+    // row not yet marked. Queued behind migrate's lock, it returns only after that Write's
+    // transaction ends.
+    let first_pending_then = !env.row(first).await.delivered;
+    let status = migrate.await.unwrap().unwrap();
+    env.wait_delivered(first).await;
+    assert!(status.success());
+    assert!(
+        first_pending_then,
+        "an application INSERT waited behind migrate, behind the relay's Write in flight; \
+         relay log:\n{}",
+        relay.logs()
     );
 }
