@@ -701,6 +701,19 @@ impl Relay {
         self.store.pending_through(target).await
     }
 
+    /// Waits out a database error of a drain: logged, with backoff.
+    async fn drain_backoff(
+        &self,
+        e: &crate::store::StoreError,
+        failures: &mut u32,
+        stop: &[&CancellationToken],
+    ) {
+        *failures += 1;
+        let wait = DB_BACKOFF.delay(*failures);
+        warn!(error = %e, retry_in = ?wait, "database error while draining");
+        self.nap(wait, stop).await;
+    }
+
     /// The loop of [`Relay::drain`]; `term` is set while it leads on `session`.
     async fn drain_through(
         &self,
@@ -718,8 +731,26 @@ impl Relay {
         );
         let mut deliverer = self.deliverer();
         let mut waiting_logged = false;
+        let mut db_failures = 0u32;
+        // A lost pooled connection, a server restarting: waited out until the timeout, as `run`
+        // does, rather than ending the drain long before it. A missing table or privilege, or a
+        // read-only server, ends it.
+        let ride_out = |e: &crate::store::StoreError| {
+            e.is_retryable()
+                && !e.is_read_only()
+                && !timer.is_cancelled()
+                && !shutdown.is_cancelled()
+        };
         loop {
-            let left = self.store.pending_through(target).await?;
+            let left = match self.store.pending_through(target).await {
+                Ok(left) => left,
+                Err(e) if ride_out(&e) => {
+                    self.drain_backoff(&e, &mut db_failures, &[shutdown, timer])
+                        .await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if left == 0 {
                 info!(rows = at_start, "drained");
                 return Ok(());
@@ -772,7 +803,18 @@ impl Relay {
             let Some(report) = self.guarded_pass(&mut deliverer, s, &keep_going).await else {
                 continue;
             };
-            let report = report?;
+            let report = match report {
+                Ok(report) => {
+                    db_failures = 0;
+                    report
+                }
+                Err(e) if ride_out(&e) => {
+                    self.drain_backoff(&e, &mut db_failures, &[shutdown, timer])
+                        .await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             self.account(Trigger::Again, &report);
             let wait = report.wait.or_else(|| {
                 (!report.did_work()).then(|| {

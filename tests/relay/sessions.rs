@@ -1,7 +1,7 @@
 //! The relay's PostgreSQL sessions among other sessions and settings: a row another session
 //! holds or corrects, a role whose transactions default to SERIALIZABLE, a session that fails as
-//! soon as it is open, a pass longer than systemd's watchdog, `migrate` on a live outbox. Each
-//! test failed before its fix.
+//! soon as it is open, a pass longer than systemd's watchdog, `migrate` on a live outbox, a
+//! `drain` that loses a connection. Each test failed before its fix.
 
 use crate::common::fga::{FakeFga, Fault, FaultRule};
 use crate::common::pg::{PROMPTLY, count};
@@ -418,4 +418,55 @@ async fn migrate_on_a_live_outbox_does_not_stall_writers_for_a_write_in_flight()
          relay log:\n{}",
         relay.logs()
     );
+}
+
+/// `fga-relay drain --timeout 60s` whose pooled backend is ended once mid-way (a failover, an
+/// operator's pg_terminate_backend): it goes on and delivers every row, exiting 0, rather
+/// than giving up at the first lost connection long before its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_survives_one_lost_pooled_connection() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(200)),
+        1_000_000,
+    ));
+    let expected = fill(&env, 300).await;
+    let drain = env
+        .command(&["drain", "--timeout", "60s"])
+        .env("FGA_MAX_TUPLES_PER_WRITE", "3")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(PROMPTLY, "Writes flow", || async {
+        accepted_writes(&env.fga).len() >= 20
+    })
+    .await;
+    let admin = env.db.connect().await;
+    let ended = count(
+        &admin,
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'fga-relay drain' LIMIT 1) t",
+        &[],
+    )
+    .await;
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || drain.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "ended {ended}; drain exited {:?} after {:?} more, {} pending",
+        out.status,
+        started.elapsed(),
+        env.pending().await
+    );
+    assert!(
+        out.status.success() && env.pending().await == 0,
+        "drain exited {:?} with {} rows pending; its log tail:\n{}",
+        out.status,
+        env.pending().await,
+        stderr.lines().rev().take(8).collect::<Vec<_>>().join("\n")
+    );
+    assert_order(&env.fga, &expected);
 }
