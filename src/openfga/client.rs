@@ -13,6 +13,9 @@ use crate::send_window::SendWindow;
 use serde_json::Value;
 use std::time::Duration;
 
+/// The most of an answer the relay reads (see `post_json`).
+const MAX_ANSWER: usize = 1 << 20;
+
 /// The OpenFGA client.
 pub struct FgaClient {
     pub(super) http: reqwest::Client,
@@ -230,14 +233,24 @@ impl FgaClient {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let answer = resp.bytes().await.map_err(|e| WriteError::Transient {
-            reason: format!(
-                "reading OpenFGA's answer failed: {}",
-                describe_http_error(&e)
-            ),
-            retry_after: None,
-        })?;
-        Ok((status, retry_after, answer))
+        // OpenFGA answers a Write with `{}` or an error of a few hundred bytes, a proxy with a
+        // page of a few kB. Past MAX_ANSWER the rest is not read (its start classifies it):
+        // a misbehaving hop cannot make the relay hold an endless body in memory.
+        let mut resp = resp;
+        let mut answer = Vec::new();
+        while answer.len() < MAX_ANSWER {
+            let chunk = resp.chunk().await.map_err(|e| WriteError::Transient {
+                reason: format!(
+                    "reading OpenFGA's answer failed: {}",
+                    describe_http_error(&e)
+                ),
+                retry_after: None,
+            })?;
+            let Some(chunk) = chunk else { break };
+            let room = MAX_ANSWER - answer.len();
+            answer.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        }
+        Ok((status, retry_after, answer.into()))
     }
 }
 

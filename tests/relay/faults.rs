@@ -1116,3 +1116,35 @@ async fn a_rejection_is_pinned_on_the_row_it_names_not_on_a_row_whose_tuple_is_a
     );
     assert!(b.dead, "the rejected row: {b:?}");
 }
+
+/// An answer no hop should send, however long (a misbehaving proxy's endless page), is read no
+/// further than 1 MiB: the relay's memory stays small, and the rows wait as for any 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_answer_is_not_read_into_memory() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Garbage {
+            status: 502,
+            content_type: "text/html".into(),
+            body: "x".repeat(128 << 20),
+        },
+        2,
+    ));
+    let relay = env.start_relay().await;
+    let id = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(id).await;
+    // The most memory the process has held at once, from /proc.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", relay.pid())).unwrap();
+    let peak_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(
+        peak_kb < 64 * 1024,
+        "the relay held {peak_kb} kB at its peak, for answers of 128 MiB"
+    );
+}
