@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 /// The payload prefix of the notification a relay sends itself to check that notifications
-/// reach it. Writers' notifications have an empty payload.
+/// reach it. Writers' notifications carry their table's oid (empty from an older trigger).
 const PROBE_PREFIX: &str = "fga-relay probe ";
 
 /// A dedicated connection and the tasks that watch it.
@@ -77,6 +77,8 @@ impl Session {
             let probe = probe.clone();
             let probe_payload = probe_payload.clone();
             let on_notification = opts.on_notification.clone();
+            // Tables of one name in two schemas share the channel; each trigger names its own.
+            let ours = oid.to_string();
             tokio::spawn(async move {
                 loop {
                     let msg = tokio::select! {
@@ -87,7 +89,7 @@ impl Session {
                         Some(Ok(AsyncMessage::Notification(n))) => {
                             if n.payload() == probe_payload {
                                 probe.notify_one();
-                            } else if !n.payload().starts_with(PROBE_PREFIX) {
+                            } else if n.payload() == ours || n.payload().is_empty() {
                                 on_notification();
                                 wake.notify_one();
                             }

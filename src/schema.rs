@@ -194,7 +194,7 @@ mod tests {
         assert!(!sql.contains("fga_outbox"));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS acl_outbox ("));
         assert!(sql.contains("acl_outbox_pending_idx"));
-        assert!(sql.contains("pg_notify('acl_outbox', '')"));
+        assert!(sql.contains("pg_notify('acl_outbox', TG_RELID::text)"));
         assert!(sql.contains("acl_outbox_leader"));
         assert!(sql.contains("acl_outbox_claim_idx"));
         assert!(sql.contains("FUNCTION acl_outbox_wait(ids bigint[]"));

@@ -257,7 +257,10 @@ impl Store {
             // Wake the relay: rows made pending by an UPDATE fire no insert trigger, and would
             // otherwise wait for the sweep.
             client
-                .execute("SELECT pg_notify($1, '')", &[&self.table.as_str()])
+                .execute(
+                    "SELECT pg_notify($1, to_regclass($1)::oid::text)",
+                    &[&self.table.as_str()],
+                )
                 .await?;
         }
         Ok(out)

@@ -9,14 +9,16 @@
 -- commit is visible, so once the relay holds the lock, every writer that skipped NOTIFY has
 -- committed and the relay's last look before sleeping sees its row; every later writer notifies.
 --
--- The payload is constant, so PostgreSQL folds the notifications of one transaction into one.
--- The channel is the table's name.
+-- The channel is the table's name, and the payload its oid: the relay of a table of the same
+-- name in another schema (one relay per schema, chosen with search_path) hears the channel too,
+-- and passes over what is not its own. The payload is constant, so PostgreSQL folds the
+-- notifications of one transaction into one.
 
 CREATE OR REPLACE FUNCTION fga_outbox_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT pg_try_advisory_xact_lock_shared(1718051121, TG_RELID::integer) THEN
-        PERFORM pg_notify('fga_outbox', '');
+        PERFORM pg_notify('fga_outbox', TG_RELID::text);
     END IF;
     RETURN NULL;
 END

@@ -197,7 +197,7 @@ fn sql_prints_the_schema_with_the_table_name() {
     assert_success(&out, "fga-relay sql");
     let sql = String::from_utf8(out.stdout).unwrap();
     assert!(sql.contains("CREATE TABLE IF NOT EXISTS acl_outbox"));
-    assert!(sql.contains("pg_notify('acl_outbox', '')"));
+    assert!(sql.contains("pg_notify('acl_outbox', TG_RELID::text)"));
     assert!(!sql.contains("fga_outbox"));
 }
 

@@ -1,7 +1,8 @@
 //! The relay's PostgreSQL sessions among other sessions and settings: a row another session
 //! holds or corrects, a role whose transactions default to SERIALIZABLE, a session that fails as
 //! soon as it is open, a pass longer than systemd's watchdog, `migrate` on a live outbox, a
-//! `drain` that loses a connection. Each test failed before its fix.
+//! `drain` that loses a connection, two schemas' relays on one channel. Each test failed before
+//! its fix.
 
 use crate::common::fga::{FakeFga, Fault, FaultRule};
 use crate::common::pg::{PROMPTLY, count};
@@ -469,4 +470,74 @@ async fn drain_survives_one_lost_pooled_connection() {
         stderr.lines().rev().take(8).collect::<Vec<_>>().join("\n")
     );
     assert_order(&env.fga, &expected);
+}
+
+/// Two relays on one database, each on the outbox of its own schema (chosen by its role's
+/// `search_path`), each with its own OpenFGA: each delivers its own rows only, and one's
+/// writers do not wake the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_two_schemas_of_one_database_keep_apart() {
+    let env = Env::start().await;
+    let fga_b = FakeFga::start();
+    let admin = env.db.connect().await;
+    admin.batch_execute("CREATE SCHEMA b").await.unwrap();
+    let url_b = role_with(&env, "relay_b", &["search_path = b"]).await;
+    let out = env
+        .command(&["migrate"])
+        .env("DATABASE_URL", &url_b)
+        .output()
+        .unwrap();
+    crate::common::relay::assert_success(&out, "migrate b");
+    let relay_a = env.spawn_relay(&[("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0")]);
+    relay_a.wait_for_log("delivering (leader)").await;
+    let relay_b = env.spawn_relay(&[
+        ("DATABASE_URL", &url_b),
+        ("FGA_API_URL", &fga_b.url()),
+        ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
+    ]);
+    relay_b.wait_for_log("delivering (leader)").await;
+    let base_a = relay_a.endpoint().await;
+    let base_b = relay_b.endpoint().await;
+    let notified = |m: &HashMap<String, f64>| {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("fga_relay_notifications"))
+            .map(|(_, v)| *v)
+            .sum::<f64>()
+    };
+    let a0 = notified(&crate::common::metrics::scrape(&base_a).await);
+    for i in 0..20 {
+        admin
+            .execute(
+                "INSERT INTO b.fga_outbox (payload) VALUES ($1)",
+                &[&writes(&[tk(
+                    &format!("user:b{i}"),
+                    "viewer",
+                    "document:b",
+                )])],
+            )
+            .await
+            .unwrap();
+        let want = i + 1;
+        wait_until(PROMPTLY, "b's row delivered", || async {
+            fga_b.tuples().len() == want
+        })
+        .await;
+    }
+    let id = env
+        .insert(writes(&[tk("user:a", "viewer", "document:a")]))
+        .await;
+    env.wait_delivered(id).await;
+    let a1 = notified(&crate::common::metrics::scrape(&base_a).await);
+    let b1 = notified(&crate::common::metrics::scrape(&base_b).await);
+    println!(
+        "relay a woken {} times by 1 row of its own and 20 of b's; b {b1}",
+        a1 - a0
+    );
+    assert_eq!(env.fga.tuples().len(), 1, "a delivered only its own row");
+    assert_eq!(fga_b.tuples().len(), 20);
+    assert!(
+        a1 - a0 <= 2.0,
+        "relay a woken {} times by b's rows",
+        a1 - a0
+    );
 }
