@@ -115,6 +115,17 @@ impl Env {
         .await;
     }
 
+    /// The highest id in the outbox (found by key, whatever the table's statistics say).
+    pub async fn newest_id(&self) -> i64 {
+        self.db
+            .connect()
+            .await
+            .query_one("SELECT max(id) FROM fga_outbox", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     /// Whether every row of `ids` is delivered within `within` (false at the deadline: for a
     /// test that reports what it found rather than failing at once).
     pub async fn all_delivered_within(&self, ids: &[i64], within: Duration) -> bool {

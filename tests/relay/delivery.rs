@@ -471,14 +471,7 @@ async fn statements_planned_on_a_small_table_still_find_rows_by_key_once_it_is_l
     ]);
     // Waiting for the last row, found by key: counting the pending rows would scan the table
     // itself (its statistics say every row is pending).
-    let newest = || async {
-        admin
-            .query_one("SELECT max(id) FROM fga_outbox", &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
-    env.wait_delivered(newest().await).await;
+    env.wait_delivered(env.newest_id().await).await;
     let before = rows_scanned_after(&admin, 50).await;
     admin
         .batch_execute(&rows_sql(51, 100_050, true))
@@ -488,7 +481,7 @@ async fn statements_planned_on_a_small_table_still_find_rows_by_key_once_it_is_l
         .batch_execute(&rows_sql(100_051, 100_100, false))
         .await
         .unwrap();
-    env.wait_delivered(newest().await).await;
+    env.wait_delivered(env.newest_id().await).await;
     let scanned = rows_scanned_after(&admin, 100).await - before;
     assert!(
         scanned < 100_000,

@@ -326,13 +326,6 @@ async fn a_wait_planned_on_a_small_table_still_finds_rows_by_key_once_it_is_larg
                FROM generate_series(1, {n})"
         )
     };
-    let newest = || async {
-        admin
-            .query_one("SELECT max(id) FROM fga_outbox", &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
     // Statistics of a one-page table, as a new outbox has after its first autovacuum; then no
     // autovacuum, whose statistics would make PostgreSQL plan the look again.
     admin
@@ -344,7 +337,9 @@ async fn a_wait_planned_on_a_small_table_still_finds_rows_by_key_once_it_is_larg
         .unwrap();
     let client = env.db.connect().await;
     assert_eq!(
-        wait_for(&client, &[newest().await], "1s").await.unwrap(),
+        wait_for(&client, &[env.newest_id().await], "1s")
+            .await
+            .unwrap(),
         "delivered"
     );
     admin.batch_execute(&delivered(100_000)).await.unwrap();
@@ -353,7 +348,9 @@ async fn a_wait_planned_on_a_small_table_still_finds_rows_by_key_once_it_is_larg
     // what the wait read.
     client.batch_execute("BEGIN").await.unwrap();
     assert_eq!(
-        wait_for(&client, &[newest().await], "1s").await.unwrap(),
+        wait_for(&client, &[env.newest_id().await], "1s")
+            .await
+            .unwrap(),
         "delivered"
     );
     let scanned: i64 = client
