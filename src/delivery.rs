@@ -43,15 +43,18 @@
 //!   dead-lettered with OpenFGA's message; the rest of the Write is sent again without it.
 //! - Already applied (an older OpenFGA's answer to a duplicate write or missing delete): that
 //!   operation counts as done.
-//! - Configuration (auth, store, model, garbage answers): loud error, the whole relay backs off,
-//!   nothing is dead-lettered.
+//! - Configuration (auth, store, model, garbage answers, a proxy's refusal): loud error, and the
+//!   whole relay backs off slowly. A proxy may refuse only the Writes carrying one row's content
+//!   (a web application firewall), so these are halved and judged alone as transient failures
+//!   are: a row refused alone while nearly all other Writes succeed is struck, held and in the
+//!   end dead-lettered; when every Write is refused (wrong settings), nothing is.
 //!
 //! Every failed attempt updates `attempts` and `last_error` of the rows concerned.
 
 use crate::backoff::Backoff;
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
-use crate::openfga::{FgaClient, WriteError};
+use crate::openfga::{FailureClass, FgaClient, WriteError};
 use crate::payload::{Op, Payload, TupleKey};
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
@@ -1049,9 +1052,11 @@ impl Deliverer {
                 Ok(Flow::Stop)
             }
             WriteError::Configuration { .. } | WriteError::Unexpected { .. } => {
-                self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF)
-                    .await?;
-                Ok(Flow::Stop)
+                // Wrong settings fail every Write; a proxy refusing one row's content (a web
+                // application firewall) fails only the Writes carrying that row. Halving tells
+                // them apart, as for transient failures, with the slow backoff of the former.
+                self.halve_or_hold(tx, plan, &e, blocked, report, CONFIG_BACKOFF)
+                    .await
             }
             WriteError::Throttled { .. } => {
                 // Not the rows' fault: the same Write, after the wait. Rows held back by the
@@ -1061,22 +1066,39 @@ impl Deliverer {
                 Ok(Flow::Stop)
             }
             WriteError::Transient { .. } => {
-                let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-                self.note(true, alone);
-                if plan.rows.len() == 1 {
-                    return self.transient_alone(tx, plan, &e, blocked, report).await;
-                }
-                let half = (plan.rows.len() / 2).max(1);
-                for (c, _) in &plan.rows {
-                    let m = self.memo.entry(c.id).or_default();
-                    m.max_rows = Some(half);
-                    m.failed_epoch = Some(self.epoch);
-                }
-                self.outage(tx, &plan, &e, blocked, report, OUTAGE_BACKOFF)
-                    .await?;
-                Ok(Flow::Stop)
+                self.halve_or_hold(tx, plan, &e, blocked, report, OUTAGE_BACKOFF)
+                    .await
             }
         }
+    }
+
+    /// A failure that may be an outage (or wrong settings) or one row's own: a Write of several
+    /// rows backs the whole relay off on `schedule` and its rows are next sent in Writes half as
+    /// large; a row alone is judged by [`Deliverer::failed_alone`].
+    async fn halve_or_hold(
+        &mut self,
+        tx: &impl GenericClient,
+        plan: Plan,
+        e: &WriteError,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+        schedule: Backoff,
+    ) -> Result<Flow, StoreError> {
+        let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
+        self.note(true, alone);
+        if plan.rows.len() == 1 {
+            return self
+                .failed_alone(tx, plan, e, blocked, report, schedule)
+                .await;
+        }
+        let half = (plan.rows.len() / 2).max(1);
+        for (c, _) in &plan.rows {
+            let m = self.memo.entry(c.id).or_default();
+            m.max_rows = Some(half);
+            m.failed_epoch = Some(self.epoch);
+        }
+        self.outage(tx, &plan, e, blocked, report, schedule).await?;
+        Ok(Flow::Stop)
     }
 
     /// A permanent answer that does not say which row: split the Write to find out, or, for a
@@ -1112,14 +1134,16 @@ impl Deliverer {
         Ok(Flow::Continue)
     }
 
-    /// A row that failed transiently on its own.
-    async fn transient_alone(
+    /// A row that failed on its own (transiently, or with an answer that is a configuration
+    /// error when every Write gets it); `schedule`: the relay's backoff for that failure.
+    async fn failed_alone(
         &mut self,
         tx: &impl GenericClient,
         plan: Plan,
         e: &WriteError,
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
+        schedule: Backoff,
     ) -> Result<Flow, StoreError> {
         let id = plan.rows[0].0.id;
         let epoch = self.epoch;
@@ -1135,17 +1159,17 @@ impl Deliverer {
             // first: how they fare tells an outage from this row's own failure.
             let wait = e
                 .retry_after()
-                .unwrap_or_else(|| OUTAGE_BACKOFF.ceiling(self.streak + 1));
-            let at = Instant::now() + wait + OUTAGE_BACKOFF.base;
+                .unwrap_or_else(|| schedule.ceiling(self.streak + 1));
+            let at = Instant::now() + wait + schedule.base;
             m.retry_at = Some(at);
             report.due(at);
-            self.outage(tx, &plan, e, blocked, report, OUTAGE_BACKOFF)
-                .await?;
+            self.outage(tx, &plan, e, blocked, report, schedule).await?;
             return Ok(Flow::Stop);
         }
         m.strikes += 1;
         let strikes = m.strikes;
-        self.metrics.failed("transient");
+        let class = e.class();
+        self.metrics.failed(class.as_str());
         report.failed_writes += 1;
         blocked.extend(plan.rows[0].0.hashes.iter().copied());
         if strikes >= self.settings.max_attempts {
@@ -1160,14 +1184,14 @@ impl Deliverer {
             m.retry_at = Some(at);
         }
         report.due(at);
-        warn!(
-            class = "transient",
-            rows = 1,
-            id,
-            strikes,
-            error = %e,
-            "row keeps failing while others are delivered; holding it back"
-        );
+        if class == FailureClass::Configuration {
+            // Loud still: a refusal of one row's content may be a proxy's rule to look at.
+            error!(class = class.as_str(), rows = 1, id, strikes, error = %e,
+                "OpenFGA refuses this row while others are delivered; holding it back");
+        } else {
+            warn!(class = class.as_str(), rows = 1, id, strikes, error = %e,
+                "row keeps failing while others are delivered; holding it back");
+        }
         self.store.record_failure(tx, &[id], &e.to_string()).await?;
         Ok(Self::after_retry_after(e, report))
     }
@@ -1207,7 +1231,7 @@ impl Deliverer {
             .retry_after()
             .unwrap_or_else(|| schedule.delay(self.streak));
         report.wait = Some(report.wait.map_or(wait, |w| w.max(wait)));
-        if class == crate::openfga::FailureClass::Configuration {
+        if class == FailureClass::Configuration {
             error!(class = class.as_str(), rows = ids.len(), error = %e, retry_in = ?wait,
                 "OpenFGA refused the relay's writes: check its settings");
         } else {

@@ -15,7 +15,8 @@ pub enum FailureClass {
     Transient,
     /// The row holding the named operation can never be delivered as it is.
     Permanent,
-    /// The relay's settings or OpenFGA's state: loud errors, keep retrying, dead-letter nothing.
+    /// The relay's settings or OpenFGA's state: loud errors, keep retrying, dead-letter nothing
+    /// (but a row that alone keeps getting such an answer while other Writes succeed).
     Configuration,
 }
 

@@ -3,13 +3,14 @@
 //! a drain at once. Each test checks that no row is lost, none is left claimed, and OpenFGA ends
 //! in the state the outbox says.
 
-use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::fga::{FakeFga, Fault, FaultRule, Model};
 use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
     Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
     insert_with, slow_backlog, tk, wait_until, writes,
 };
+use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -1147,4 +1148,146 @@ async fn an_endless_answer_is_not_read_into_memory() {
         peak_kb < 64 * 1024,
         "the relay held {peak_kb} kB at its peak, for answers of 128 MiB"
     );
+}
+
+/// A proxy in front of OpenFGA that refuses one row's content (a web application firewall
+/// taking `'); DROP TABLE` in a user id for an attack, with its HTML 403 or a JSON 400 of its
+/// own) must not stop the rows on other tuples: every other row is delivered, whatever becomes
+/// of that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_refusing_one_rows_content_does_not_stop_the_other_rows() {
+    let poison = "user:robert');DROP_TABLE_students;--";
+    let mut stalled = Vec::new();
+    for refusal in [
+        Fault::html(403, "Forbidden"),
+        Fault::Garbage {
+            status: 400,
+            content_type: "application/json".into(),
+            body: r#"{"error":"request blocked","rule":"942100"}"#.into(),
+        },
+    ] {
+        let env = Env::start().await;
+        env.fga
+            .push_fault(FaultRule::times(refusal.clone(), 1_000_000).when_tuple(
+                poison,
+                "viewer",
+                "document:1",
+            ));
+        let client = env.db.connect().await;
+        insert_with(&client, writes(&[tk(poison, "viewer", "document:1")])).await;
+        let mut others = Vec::new();
+        for i in 0..20 {
+            let row = writes(&[tk(&format!("user:u{i}"), "viewer", "document:2")]);
+            others.push(insert_with(&client, row).await);
+        }
+        let relay = env.start_relay().await;
+        let delivered = all_delivered(&env, &others, 30).await;
+        let refused = env.fga.writes().iter().filter(|w| w.status != 200).count();
+        if !delivered {
+            stalled.push(format!(
+                "{refusal:?}: the rows on other tuples still pending after 30 s ({refused} \
+                 Writes refused, {} accepted; last log line: {:?})",
+                accepted_writes(&env.fga).len(),
+                relay.logs().lines().last().unwrap_or("")
+            ));
+        }
+    }
+    assert!(stalled.is_empty(), "{stalled:#?}");
+}
+
+/// A row that a proxy keeps refusing alone (its HTML 403) while the traffic beside it flows is
+/// that row's failure, as a transient one alone is: held back, then dead-lettered after
+/// --max-attempts with the proxy's answer as its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_a_proxy_refuses_alone_while_others_flow_is_dead_lettered_with_the_answer() {
+    let env = Env::start().await;
+    let poison = "user:robert');DROP_TABLE_students;--";
+    env.fga.push_fault(
+        FaultRule::times(Fault::html(403, "Forbidden"), 1_000_000).when_tuple(
+            poison,
+            "viewer",
+            "document:1",
+        ),
+    );
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk(poison, "viewer", "document:1")]))
+        .await;
+    traffic_until(
+        &env,
+        "the refused row is dead",
+        Duration::from_secs(60),
+        || async { env.row(id).await.dead },
+    )
+    .await;
+    let reason = env.row(id).await.last_error.unwrap_or_default();
+    assert!(
+        reason.contains("gave up after 2") && reason.contains("403"),
+        "{reason}\n{}",
+        relay.logs()
+    );
+    assert!(!env.fga.has(poison, "viewer", "document:1"));
+}
+
+/// A row larger than the tuple limit is already sent in parts, not as one transaction. When a
+/// part of 100 tuples is over OpenFGA's message size (gRPC's 616,448 bytes: here 100 tuples
+/// with a 7 kB condition context each, every context well under OpenFGA's 32 KiB), a smaller
+/// part would pass; the row must not be dead-lettered for the size of a part the relay chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_sent_in_parts_is_not_dead_lettered_because_a_part_is_too_large() {
+    let model = Model::default()
+        .with_relation("document", "viewer", &["user with big"])
+        .with_condition("big", &["note"]);
+    let env = Env::with_fga(FakeFga::builder().model(model).start()).await;
+    let note = "n".repeat(7_000);
+    let tuples: Vec<_> = (0..150)
+        .map(|i| {
+            json!({"user": format!("user:u{i}"), "relation": "viewer", "object": "document:1",
+                   "condition": {"name": "big", "context": {"note": note}}})
+        })
+        .collect();
+    let id = env.insert(writes(&tuples)).await;
+    let relay = env.start_relay().await;
+    wait_until(
+        Duration::from_secs(30),
+        "the row is delivered or dead",
+        || async {
+            let r = env.row(id).await;
+            r.delivered || r.dead
+        },
+    )
+    .await;
+    let row = env.row(id).await;
+    let applied: usize = accepted_writes(&env.fga)
+        .iter()
+        .map(|w| {
+            w.body["writes"]["tuple_keys"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .sum();
+    assert!(
+        row.delivered,
+        "a valid row of 150 tuples was dead-lettered ({applied} of its tuples applied): {:?}\n{}",
+        row.last_error,
+        relay.logs()
+    );
+}
+
+/// Whether every row of `ids` is delivered within `secs` seconds.
+async fn all_delivered(env: &Env, ids: &[i64], secs: u64) -> bool {
+    crate::common::relay::poll_until(
+        Duration::from_secs(secs),
+        Duration::from_millis(100),
+        || async {
+            let mut all = true;
+            for id in ids {
+                all &= env.row(*id).await.delivered;
+            }
+            all
+        },
+    )
+    .await
+    .is_some()
 }
