@@ -105,6 +105,9 @@ struct Outcome {
 struct Memo {
     /// The most rows a Write holding this row may carry (halved by transient failures).
     max_rows: Option<usize>,
+    /// For a row sent in parts: the most operations a part may carry (halved while OpenFGA
+    /// finds a part too large).
+    max_part: Option<usize>,
     /// The success counter when this row last failed transiently.
     failed_epoch: Option<u64>,
     /// Transient failures alone while other rows were delivered.
@@ -845,8 +848,8 @@ impl Deliverer {
     /// Takes the rows of the next Write from the queue: in id order, as many as the tuple limit
     /// and the rows' halving allow, never the same tuple twice, and none on a tuple of a Write
     /// in flight or of an earlier row left waiting; a row larger than the limit goes alone, in
-    /// parts. Rows touching a blocked tuple are passed over for the pass. Rows with nothing left
-    /// to send are delivered without a Write.
+    /// parts (smaller once a part was too large). Rows touching a blocked tuple are passed over
+    /// for the pass. Rows with nothing left to send are delivered without a Write.
     fn plan_write(
         &mut self,
         queue: &mut BTreeMap<i64, Candidate>,
@@ -891,11 +894,12 @@ impl Deliverer {
                 continue;
             }
             let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
+            let part_cap = memo.and_then(|m| m.max_part).unwrap_or(limit).min(limit);
             if rows.is_empty() {
                 let Some(c) = queue.remove(&id) else { continue };
-                if remaining.len() > limit {
-                    // Too large for one Write: send it in parts, alone.
-                    let part: Vec<usize> = remaining.into_iter().take(limit).collect();
+                if remaining.len() > part_cap {
+                    // Too large for one Write: send it in parts, alone, in order.
+                    let part: Vec<usize> = remaining.into_iter().take(part_cap).collect();
                     rows.push((c, part));
                     break;
                 }
@@ -1042,7 +1046,8 @@ impl Deliverer {
                 Ok(Flow::Stop)
             }
             WriteError::TooLarge { .. } => {
-                // A proxy's body limit: a smaller Write may pass; a row alone cannot shrink.
+                // A proxy's body limit or gRPC's: a smaller Write may pass; a row alone cannot
+                // shrink, unless it is sent in parts already.
                 self.split_or_dead_letter(tx, plan, &e, queue, report).await
             }
             WriteError::NotSent => {
@@ -1102,7 +1107,7 @@ impl Deliverer {
     }
 
     /// A permanent answer that does not say which row: split the Write to find out, or, for a
-    /// row alone, dead-letter it.
+    /// row alone, dead-letter it (a part of a row sent in parts found too large is halved).
     async fn split_or_dead_letter(
         &mut self,
         tx: &impl GenericClient,
@@ -1126,6 +1131,16 @@ impl Deliverer {
         let (c, idx) = plan.rows.into_iter().next().expect("a plan has rows");
         if matches!(e, WriteError::AlreadyApplied { .. }) && idx.len() == 1 {
             self.memo.entry(c.id).or_default().done.insert(idx[0]);
+            queue.insert(c.id, c);
+            return Ok(Flow::Continue);
+        }
+        if matches!(e, WriteError::TooLarge { .. }) && idx.len() > 1 && idx.len() < c.ops.len() {
+            // A part of a row already sent in parts, not in one transaction: a part of the
+            // relay's choosing is no reason to give the row up. Only a tuple too large alone is.
+            let half = idx.len() / 2;
+            debug!(id = c.id, part = idx.len(), half, error = %e,
+                "a part of a row is too large; halving its parts");
+            self.memo.entry(c.id).or_default().max_part = Some(half);
             queue.insert(c.id, c);
             return Ok(Flow::Continue);
         }

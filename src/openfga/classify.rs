@@ -66,7 +66,8 @@ pub enum WriteError {
     #[error("already applied: {message}")]
     AlreadyApplied { op: Option<usize>, message: String },
     /// The request body is larger than OpenFGA, or a proxy in front of it, takes (413, or gRPC's
-    /// receive limit): a Write of several rows is halved; a row alone can never be delivered.
+    /// receive limit): a Write of several rows is halved, as are the parts of a row sent in
+    /// parts; a row sent whole, or one tuple, can never be delivered.
     #[error("{reason}")]
     TooLarge { reason: String },
     /// The server allows fewer tuples per Write than `--max-tuples-per-write`.

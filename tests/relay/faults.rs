@@ -8,7 +8,7 @@ use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
     Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
-    insert_with, slow_backlog, tk, wait_until, writes,
+    insert_with, slow_backlog, tk, wait_until, write_tuple_keys, writes,
 };
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
@@ -1273,6 +1273,15 @@ async fn a_row_sent_in_parts_is_not_dead_lettered_because_a_part_is_too_large() 
         row.last_error,
         relay.logs()
     );
+    // Its parts were applied one after another, in the row's order, each tuple once.
+    let applied: Vec<String> = accepted_writes(&env.fga)
+        .iter()
+        .flat_map(|w| write_tuple_keys(&w.body))
+        .collect();
+    let expected: Vec<String> = (0..150)
+        .map(|i| format!("document:1#viewer@user:u{i}"))
+        .collect();
+    assert_eq!(applied, expected);
 }
 
 /// Whether every row of `ids` is delivered within `secs` seconds.
