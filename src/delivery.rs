@@ -1202,7 +1202,7 @@ impl Deliverer {
         if class == FailureClass::Configuration {
             // Loud still: a refusal of one row's content may be a proxy's rule to look at.
             error!(class = class.as_str(), rows = 1, id, strikes, error = %e,
-                "OpenFGA refuses this row while others are delivered; holding it back");
+                "row keeps failing while others are delivered; holding it back");
         } else {
             warn!(class = class.as_str(), rows = 1, id, strikes, error = %e,
                 "row keeps failing while others are delivered; holding it back");
