@@ -1077,35 +1077,6 @@ impl Deliverer {
         }
     }
 
-    /// A failure that may be an outage (or wrong settings) or one row's own: a Write of several
-    /// rows backs the whole relay off on `schedule` and its rows are next sent in Writes half as
-    /// large; a row alone is judged by [`Deliverer::failed_alone`].
-    async fn halve_or_hold(
-        &mut self,
-        tx: &impl GenericClient,
-        plan: Plan,
-        e: &WriteError,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-        schedule: Backoff,
-    ) -> Result<Flow, StoreError> {
-        let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        self.note(true, alone);
-        if plan.rows.len() == 1 {
-            return self
-                .failed_alone(tx, plan, e, blocked, report, schedule)
-                .await;
-        }
-        let half = (plan.rows.len() / 2).max(1);
-        for (c, _) in &plan.rows {
-            let m = self.memo.entry(c.id).or_default();
-            m.max_rows = Some(half);
-            m.failed_epoch = Some(self.epoch);
-        }
-        self.outage(tx, &plan, e, blocked, report, schedule).await?;
-        Ok(Flow::Stop)
-    }
-
     /// A permanent answer that does not say which row: split the Write to find out, or, for a
     /// row alone, dead-letter it (a part of a row sent in parts found too large is halved).
     async fn split_or_dead_letter(
@@ -1149,9 +1120,11 @@ impl Deliverer {
         Ok(Flow::Continue)
     }
 
-    /// A row that failed on its own (transiently, or with an answer that is a configuration
-    /// error when every Write gets it); `schedule`: the relay's backoff for that failure.
-    async fn failed_alone(
+    /// A failure that may be an outage (or wrong settings) or one row's own. A Write of several
+    /// rows backs the whole relay off on `schedule` and its rows are next sent in Writes half as
+    /// large. A row alone is struck if the failure is its own (see the module's "Failures"),
+    /// else held just past the relay's wait.
+    async fn halve_or_hold(
         &mut self,
         tx: &impl GenericClient,
         plan: Plan,
@@ -1160,6 +1133,18 @@ impl Deliverer {
         report: &mut PassReport,
         schedule: Backoff,
     ) -> Result<Flow, StoreError> {
+        let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
+        self.note(true, alone);
+        if plan.rows.len() > 1 {
+            let half = (plan.rows.len() / 2).max(1);
+            for (c, _) in &plan.rows {
+                let m = self.memo.entry(c.id).or_default();
+                m.max_rows = Some(half);
+                m.failed_epoch = Some(self.epoch);
+            }
+            self.outage(tx, &plan, e, blocked, report, schedule).await?;
+            return Ok(Flow::Stop);
+        }
         let id = plan.rows[0].0.id;
         let epoch = self.epoch;
         let others_succeed = self.others_nearly_all_succeed(id);
