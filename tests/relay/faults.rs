@@ -1181,7 +1181,9 @@ async fn a_proxy_refusing_one_rows_content_does_not_stop_the_other_rows() {
             others.push(insert_with(&client, row).await);
         }
         let relay = env.start_relay().await;
-        let delivered = all_delivered(&env, &others, 30).await;
+        let delivered = env
+            .all_delivered_within(&others, Duration::from_secs(30))
+            .await;
         let refused = env.fga.writes().iter().filter(|w| w.status != 200).count();
         if !delivered {
             stalled.push(format!(
@@ -1275,21 +1277,4 @@ async fn a_row_sent_in_parts_is_not_dead_lettered_because_a_part_is_too_large() 
         .map(|i| format!("document:1#viewer@user:u{i}"))
         .collect();
     assert_eq!(applied, expected);
-}
-
-/// Whether every row of `ids` is delivered within `secs` seconds.
-async fn all_delivered(env: &Env, ids: &[i64], secs: u64) -> bool {
-    crate::common::relay::poll_until(
-        Duration::from_secs(secs),
-        Duration::from_millis(100),
-        || async {
-            let mut all = true;
-            for id in ids {
-                all &= env.row(*id).await.delivered;
-            }
-            all
-        },
-    )
-    .await
-    .is_some()
 }
