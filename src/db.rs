@@ -84,6 +84,12 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   read them all (measured: 99 scans of 100,100 rows to deliver 50 of them). Off, a scan is
 ///   chosen only where no index can serve. Not for the other commands: their counts and
 ///   reports read much of the table, which a scan does best.
+/// - `jit = off` (delivering sessions): with sequential scans off, a statement that has no
+///   other way (the one-row leader table's lease renewal) costs over 10^10 to the planner, far
+///   above `jit_above_cost`, and PostgreSQL compiled it to machine code each time: 200 ms to
+///   1.3 s for a statement that runs in 0.02 ms, every heartbeat, with the wake lock queued
+///   behind it on the same connection (commit → OpenFGA p99 went from 1 ms to 71–154 ms in the
+///   benchmark). The relay's statements are short; JIT never pays for them.
 /// - `default_transaction_isolation = 'read committed'`: the relay's claims skip and wait on
 ///   row locks, and a wait for rows reads later commits, as READ COMMITTED does. A role or
 ///   database defaulting to SERIALIZABLE made every pass beside in-flight Writes fail with
@@ -96,16 +102,17 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   has data for it (a notification) that is never acknowledged. (Ignored on Unix sockets,
 ///   which cannot vanish that way.)
 fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
-    let (idle_ms, seqscan) = match sessions {
+    let (idle_ms, seqscan, jit) = match sessions {
         Sessions::Delivery {
             idle_in_transaction,
-        } => (idle_in_transaction.as_millis(), "off"),
-        Sessions::Commands => (0, "on"),
+        } => (idle_in_transaction.as_millis(), "off", "off"),
+        // Whatever the role or database says.
+        Sessions::Commands => (0, "DEFAULT", "DEFAULT"),
     };
     format!(
         "SET synchronous_commit = {}; \
          SET idle_in_transaction_session_timeout = {idle_ms}; SET statement_timeout = 0; \
-         SET enable_seqscan = {seqscan}; \
+         SET enable_seqscan = {seqscan}; SET jit = {jit}; \
          SET default_transaction_isolation = 'read committed'; \
          SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 5; \
          SET tcp_keepalives_count = 3; \

@@ -28,6 +28,12 @@ use tracing::{debug, info, warn};
 /// reach it. Writers' notifications carry their table's oid (empty from an older trigger).
 const PROBE_PREFIX: &str = "fga-relay probe ";
 
+/// What the wake-up trigger of the table `oid` sends: `TG_RELID::text`, unsigned (the relay
+/// keeps the oid's bits as an integer, the advisory locks' key).
+fn wake_payload(oid: i32) -> String {
+    (oid as u32).to_string()
+}
+
 /// A dedicated connection and the tasks that watch it.
 pub struct Session {
     client: Arc<Client>,
@@ -78,7 +84,7 @@ impl Session {
             let probe_payload = probe_payload.clone();
             let on_notification = opts.on_notification.clone();
             // Tables of one name in two schemas share the channel; each trigger names its own.
-            let ours = oid.to_string();
+            let ours = wake_payload(oid);
             tokio::spawn(async move {
                 loop {
                     let msg = tokio::select! {
@@ -327,5 +333,18 @@ impl Drop for Session {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wake_payload;
+
+    #[test]
+    fn the_wake_payload_is_the_oid_as_postgresql_prints_it() {
+        assert_eq!(wake_payload(16_384), "16384");
+        // An oid past 2^31 (a cluster that has made many objects) is negative as an integer.
+        assert_eq!(wake_payload(i32::MIN), "2147483648");
+        assert_eq!(wake_payload(-1), "4294967295");
     }
 }
