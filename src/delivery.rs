@@ -554,7 +554,6 @@ impl Deliverer {
         let batch = self.settings.batch_size.max(1);
         // The smallest id not read yet: ids are the table's to give, and may be 0 or below.
         let mut from = i64::MIN;
-        let mut first = true;
         let mut exhausted = false;
         let mut launching = true;
         let mut failed: Option<StoreError> = None;
@@ -577,6 +576,7 @@ impl Deliverer {
             if launching && !exhausted && queue.len() < batch {
                 // The first page is read locked, for the first Write (see `Spare`), and no
                 // larger than a Write can be, so that a page it is not costs few locks.
+                let first = from == i64::MIN;
                 let limit = if first {
                     batch.min(self.max_tuples.max(1))
                 } else {
@@ -588,7 +588,6 @@ impl Deliverer {
                 {
                     Ok((None, _)) => exhausted = true,
                     Ok((Some((last, n)), locked)) => {
-                        first = false;
                         // No id above i64::MAX: that page was the last.
                         exhausted = n < limit || last == i64::MAX;
                         from = last.saturating_add(1);

@@ -491,10 +491,7 @@ impl Relay {
                     if self.read_only(&e) {
                         break;
                     }
-                    db_failures += 1;
-                    let wait = DB_BACKOFF.delay(db_failures);
-                    warn!(error = %e, retry_in = ?wait, "database error while draining");
-                    if !self.nap(wait, &stop).await {
+                    if !self.db_backoff(&e, &mut db_failures, &stop).await {
                         break;
                     }
                     continue;
@@ -701,17 +698,18 @@ impl Relay {
         self.store.pending_through(target).await
     }
 
-    /// Waits out a database error of a drain: logged, with backoff.
-    async fn drain_backoff(
+    /// Waits out a database error of a pass (`run` and `drain`): logged, with backoff. False if
+    /// `stop` fired meanwhile.
+    async fn db_backoff(
         &self,
         e: &crate::store::StoreError,
         failures: &mut u32,
         stop: &[&CancellationToken],
-    ) {
+    ) -> bool {
         *failures += 1;
         let wait = DB_BACKOFF.delay(*failures);
         warn!(error = %e, retry_in = ?wait, "database error while draining");
-        self.nap(wait, stop).await;
+        self.nap(wait, stop).await
     }
 
     /// The loop of [`Relay::drain`]; `term` is set while it leads on `session`.
@@ -745,7 +743,8 @@ impl Relay {
             let left = match self.store.pending_through(target).await {
                 Ok(left) => left,
                 Err(e) if ride_out(&e) => {
-                    self.drain_backoff(&e, &mut db_failures, &[shutdown, timer])
+                    // Stopped meanwhile: the loop's next look says so.
+                    self.db_backoff(&e, &mut db_failures, &[shutdown, timer])
                         .await;
                     continue;
                 }
@@ -809,7 +808,8 @@ impl Relay {
                     report
                 }
                 Err(e) if ride_out(&e) => {
-                    self.drain_backoff(&e, &mut db_failures, &[shutdown, timer])
+                    // Stopped meanwhile: the loop's next look says so.
+                    self.db_backoff(&e, &mut db_failures, &[shutdown, timer])
                         .await;
                     continue;
                 }
