@@ -122,7 +122,7 @@ impl FgaBuilder {
             })
             .expect("spawn the proxy thread");
         Fga {
-            server: server,
+            server,
             api,
             store_id,
             store_name,
