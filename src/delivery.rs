@@ -13,7 +13,8 @@
 //! row on a tuple of a Write in flight waits for that Write's answer, and so does every later
 //! row on its tuples (the order rule with the Write still undecided). Rows are read a page at a
 //! time without locks; each Write runs in a transaction of its own that locks its rows
-//! (`FOR UPDATE SKIP LOCKED`: a row another session holds is not sent, and blocks its tuples),
+//! (`FOR UPDATE SKIP LOCKED`: a row another session holds is not sent, and blocks its tuples;
+//! so does a row whose payload the lock finds changed since its page was read),
 //! sends the Write, and marks the rows delivered when OpenFGA accepts it. The exception is a
 //! pass's first page, read already locked: when it is exactly the first Write, that Write goes
 //! in the transaction that read it (see [`Spare`]). So rows are marked as
@@ -42,7 +43,10 @@
 //! - Permanent for one operation (`Invalid tuple …`, a condition conflict): that row is
 //!   dead-lettered with OpenFGA's message; the rest of the Write is sent again without it.
 //! - Already applied (an older OpenFGA's answer to a duplicate write or missing delete): that
-//!   operation counts as done.
+//!   operation counts as done. A row whose last operation it was is marked delivered in that
+//!   Write's transaction, before anything releases its tuples.
+//! - A row that cannot be dead-lettered when given up on (another session holds it) stays
+//!   pending and blocks its tuples, as any row the pass could not take.
 //! - Configuration (auth, store, model, garbage answers, a proxy's refusal): loud error, and the
 //!   whole relay backs off slowly. A proxy may refuse only the Writes carrying one row's content
 //!   (a web application firewall), so these are halved and judged alone as transient failures
@@ -126,6 +130,9 @@ struct Candidate {
     ops: Arc<[Op]>,
     /// The hash of each operation's tuple key, parallel to `ops`.
     hashes: Vec<u64>,
+    /// The payload's text as read: the Write goes only if its lock finds the same (a page is
+    /// read without locks), and a row is dead-lettered only for what it still says.
+    text: Arc<str>,
 }
 
 /// The rows of one Write and which of their operations it carries.
@@ -190,7 +197,8 @@ enum Answer {
     /// Not sent: OpenFGA asked for a pause meanwhile, or the pass was told to stop (shutdown,
     /// leadership lost) while the rows were being locked. The rows go back to the queue.
     Deferred,
-    /// These rows are held by another session: nothing was sent.
+    /// These rows are held by another session, or changed since they were read: nothing was
+    /// sent.
     Held(Vec<i64>),
     /// OpenFGA's answer; on success the rows are marked delivered already.
     Sent(Result<(), WriteError>),
@@ -218,6 +226,22 @@ impl Flight {
         }
     }
 
+    /// The row an "already applied" answer finishes: the one whose only operation in this
+    /// Write is the one OpenFGA already had, if the Write completes it.
+    fn finished_by(&self, e: &WriteError) -> Option<i64> {
+        let WriteError::AlreadyApplied { op, .. } = e else {
+            return None;
+        };
+        let r = match op {
+            Some(i) => Deliverer::locate(&self.plan, *i)?.0,
+            // Unnamed: only a Write of one operation says which.
+            None if self.plan.n_ops() == 1 => 0,
+            None => return None,
+        };
+        let (c, idx) = self.plan.rows.get(r)?;
+        (idx.len() == 1 && self.complete.contains(&c.id)).then_some(c.id)
+    }
+
     /// Sends the Write in a transaction of its own that holds its rows' locks while it is in
     /// flight and, when OpenFGA accepts it, marks the rows it completes delivered. So rows are
     /// marked as their Writes are answered, and a crash leaves at most the Writes in flight to
@@ -240,14 +264,23 @@ impl Flight {
         let ids = self.plan.ids();
         // BEGIN and the lock in one round trip, as are the mark and COMMIT in `send`: one Write
         // at a time then costs no more round trips than a page claimed at once did.
-        let got: Vec<i64> = Store::begin_and_query(conn, &lock, &[&ids])
+        let got: HashMap<i64, String> = Store::begin_and_query(conn, &lock, &[&ids])
             .await?
             .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
-        if got.len() < ids.len() {
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        // The Write sends what its lock sees: a row whose payload changed since its page was
+        // read (pages after the first are read without locks) is passed over as a row another
+        // session holds, and read again, as it is then, by the next pass.
+        let missing: Vec<i64> = self
+            .plan
+            .rows
+            .iter()
+            .filter(|(c, _)| got.get(&c.id).is_none_or(|t| **t != *c.text))
+            .map(|(c, _)| c.id)
+            .collect();
+        if !missing.is_empty() {
             tx.rollback().await?;
-            let missing = ids.into_iter().filter(|id| !got.contains(id)).collect();
             return Ok(Err(Answer::Held(missing)));
         }
         Ok(Ok(tx))
@@ -305,11 +338,19 @@ impl Flight {
         {
             gate.close_until(Instant::now() + wait);
         }
-        if result.is_ok() && !self.complete.is_empty() {
+        // Rows this answer finishes: on success, those whose every operation it applied; on an
+        // older OpenFGA's "already exists"/"does not exist", the row whose last operation it was.
+        // Marked here, under the Write's lock and before anything releases their tuples: a
+        // row finished without a mark of its own would be sent again, after later rows on them.
+        let finished = match &result {
+            Ok(()) => self.complete.clone(),
+            Err(e) => self.finished_by(e).into_iter().collect(),
+        };
+        if !finished.is_empty() {
             // A failed UPDATE turns the COMMIT into a rollback; the rows are sent again.
             let conn = tx.conn();
             let mark = store.mark_statement(conn).await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.complete];
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&finished];
             let (marked, committed) =
                 tokio::join!(conn.execute(&mark, &params), conn.batch_execute("COMMIT"));
             marked?;
@@ -759,6 +800,7 @@ impl Deliverer {
                 }
             };
             let hashes: Vec<u64> = payload.ops.iter().map(|op| key_hash(op.key())).collect();
+            let text: Arc<str> = row.payload.as_deref().unwrap_or_default().into();
             if let Some(at) = self.memo.get(&row.id).and_then(|m| m.retry_at)
                 && at > now
             {
@@ -775,6 +817,7 @@ impl Deliverer {
                     created_at: row.created_at,
                     ops: payload.ops,
                     hashes,
+                    text,
                 },
             );
         }
@@ -801,8 +844,27 @@ impl Deliverer {
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
     ) -> Result<Flow, StoreError> {
+        let finished = match &answer {
+            Ok(Answer::Sent(Err(e))) => flight.finished_by(e),
+            _ => None,
+        };
         let Flight { plan, .. } = flight;
         let n_ops = plan.n_ops();
+        if let Some(id) = finished {
+            // Marked delivered in the Write's transaction (see `Flight::send`); the other rows
+            // are sent again without it.
+            debug!(id, "OpenFGA already had the row's last operation applied");
+            let mut rest = Vec::new();
+            for c in plan.into_rows() {
+                if c.id == id {
+                    self.row_delivered(&c, report);
+                } else {
+                    rest.push(c);
+                }
+            }
+            Self::requeue(queue, rest);
+            return Ok(Flow::Continue);
+        }
         match answer? {
             Answer::Deferred => {
                 Self::requeue(queue, plan.into_rows());
@@ -886,7 +948,12 @@ impl Deliverer {
                 .filter(|i| memo.is_none_or(|m| !m.done.contains(i)))
                 .collect();
             if remaining.is_empty() {
+                // Not expected: a Write's answer that finishes a row marks it in its own
+                // transaction. Should one come, it is marked at the end of the pass, and until
+                // then its tuples stay blocked: if the mark is lost, it is sent again before
+                // any later row on them, never after.
                 if let Some(c) = queue.remove(&id) {
+                    blocked.extend(c.hashes.iter().copied());
                     self.row_delivered(&c, report);
                     delivered.push(c.id);
                 }
@@ -1008,20 +1075,24 @@ impl Deliverer {
                     Self::requeue(queue, plan.into_rows());
                     return Ok(Flow::Continue);
                 }
-                self.split_or_dead_letter(tx, plan, &e, queue, report).await
+                self.split_or_dead_letter(tx, plan, &e, queue, blocked, report)
+                    .await
             }
             WriteError::AlreadyApplied { op: None, .. } | WriteError::Rejected { op: None, .. } => {
-                self.split_or_dead_letter(tx, plan, &e, queue, report).await
+                self.split_or_dead_letter(tx, plan, &e, queue, blocked, report)
+                    .await
             }
             WriteError::Rejected { op: Some(i), .. } => {
                 self.metrics.failed("permanent");
                 report.failed_writes += 1;
                 let Some((r, _)) = Self::locate(&plan, i) else {
-                    return self.split_or_dead_letter(tx, plan, &e, queue, report).await;
+                    return self
+                        .split_or_dead_letter(tx, plan, &e, queue, blocked, report)
+                        .await;
                 };
                 let mut rows: Vec<Candidate> = plan.into_rows();
                 let bad = rows.remove(r);
-                self.dead_letter(tx, bad.id, &e.to_string(), None, report)
+                self.give_up(tx, &bad, &e.to_string(), blocked, report)
                     .await?;
                 Self::requeue(queue, rows);
                 Ok(Flow::Continue)
@@ -1047,7 +1118,8 @@ impl Deliverer {
             WriteError::TooLarge { .. } => {
                 // A proxy's body limit or gRPC's: a smaller Write may pass; a row alone cannot
                 // shrink, unless it is sent in parts already.
-                self.split_or_dead_letter(tx, plan, &e, queue, report).await
+                self.split_or_dead_letter(tx, plan, &e, queue, blocked, report)
+                    .await
             }
             WriteError::NotSent => {
                 // `Flight::send` defers these before they get here; should one come, it was
@@ -1084,6 +1156,7 @@ impl Deliverer {
         plan: Plan,
         e: &WriteError,
         queue: &mut BTreeMap<i64, Candidate>,
+        blocked: &mut HashSet<u64>,
         report: &mut PassReport,
     ) -> Result<Flow, StoreError> {
         self.metrics.failed("permanent");
@@ -1114,7 +1187,7 @@ impl Deliverer {
             queue.insert(c.id, c);
             return Ok(Flow::Continue);
         }
-        self.dead_letter(tx, c.id, &e.to_string(), None, report)
+        self.give_up(tx, &c, &e.to_string(), blocked, report)
             .await?;
         Ok(Flow::Continue)
     }
@@ -1175,7 +1248,8 @@ impl Deliverer {
             let reason = format!(
                 "gave up after {strikes} failed attempts while other rows were delivered: {e}"
             );
-            self.dead_letter(tx, id, &reason, None, report).await?;
+            self.give_up(tx, &plan.rows[0].0, &reason, blocked, report)
+                .await?;
             return Ok(Self::after_retry_after(e, report));
         }
         let at = Instant::now() + ROW_BACKOFF.delay(strikes);
@@ -1238,6 +1312,29 @@ impl Deliverer {
                 "write failed");
         }
         self.store.record_failure(tx, &ids, &e.to_string()).await?;
+        Ok(())
+    }
+
+    /// Gives up on a row of a Write that was answered: dead-letters it for what it said when
+    /// read. A row that cannot be dead-lettered now (another session holds it, or changed it)
+    /// stays pending, undelivered: like any row the pass could not take, it blocks its tuples
+    /// for the rest of the pass, so that no later row on them overtakes it.
+    async fn give_up(
+        &mut self,
+        tx: &impl GenericClient,
+        c: &Candidate,
+        reason: &str,
+        blocked: &mut HashSet<u64>,
+        report: &mut PassReport,
+    ) -> Result<(), StoreError> {
+        if !self
+            .dead_letter(tx, c.id, reason, Some(&c.text), report)
+            .await?
+        {
+            blocked.extend(c.hashes.iter().copied());
+            report.held += 1;
+            report.locked += 1;
+        }
         Ok(())
     }
 

@@ -12,6 +12,7 @@ mod leadership;
 mod libpq;
 mod listen;
 mod observability;
+mod order;
 mod payloads;
 mod reconcile;
 mod secret_files;

@@ -1,0 +1,187 @@
+//! Order per tuple where it is easiest to lose: rows finished by an older OpenFGA's "already
+//! exists", a rejected row another session holds, a row changed after its page was read, dead
+//! rows brought back by `retry`, and conditions an older OpenFGA cannot overwrite. Each test
+//! fails with its mechanism taken out.
+
+use crate::common::fga::{FakeFga, Fault, FaultRule, StoredTuple};
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, deletes, tk, wait_until, writes};
+use serde_json::json;
+use std::time::Duration;
+
+/// Every operation OpenFGA applied on `user relation object`, in order: true a write.
+fn applied_on(fga: &FakeFga, user: &str, relation: &str, object: &str) -> Vec<bool> {
+    fga.changelog()
+        .iter()
+        .filter(|c| c.user == user && c.relation == relation && c.object == object)
+        .map(|c| matches!(c.op, crate::common::fga::Op::Write))
+        .collect()
+}
+
+/// Waits until OpenFGA has received `n` Writes (a Write is recorded as it arrives).
+async fn wait_writes_received(fga: &FakeFga, n: usize) {
+    wait_until(PROMPTLY, &format!("{n} Write(s) received"), || async {
+        fga.write_count() >= n
+    })
+    .await;
+}
+
+/// On OpenFGA before 1.10 a row whose write OpenFGA already holds is finished by that answer,
+/// with no Write of its own to mark it. Its mark must land before a later row on its tuple is
+/// sent: here that mark fails once (a database error), and the relay must not send the later
+/// delete before the row is marked, or it sends the row again after the delete and OpenFGA
+/// ends up holding the tuple the outbox removed last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_finished_by_already_exists_is_marked_before_its_tuple_moves_on() {
+    let env = Env::with_fga(FakeFga::builder().legacy().start()).await;
+    env.fga
+        .insert_tuple(StoredTuple::new("user:anne", "viewer", "document:1"));
+    let t = tk("user:anne", "viewer", "document:1");
+    let first = env.insert(writes(std::slice::from_ref(&t))).await;
+    let last = env.insert(deletes(std::slice::from_ref(&t))).await;
+    // The first mark of `first` fails: the sequence counts attempts outside any transaction.
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SEQUENCE mark_attempts;
+             CREATE FUNCTION fail_first_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.id = {first} AND OLD.processed_at IS NULL
+                    AND NEW.processed_at IS NOT NULL AND nextval('mark_attempts') = 1 THEN
+                     RAISE EXCEPTION 'injected: the mark of row {first} is lost';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_first_mark BEFORE UPDATE ON fga_outbox
+                 FOR EACH ROW EXECUTE FUNCTION fail_first_mark();"
+        ))
+        .await
+        .unwrap();
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "both rows are delivered", || async {
+        env.row(first).await.delivered && env.row(last).await.delivered
+    })
+    .await;
+    let attempts: i64 = admin
+        .query_one("SELECT last_value FROM mark_attempts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(attempts >= 1, "the injected fault never fired");
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "OpenFGA holds the tuple the outbox deleted last (applied: {:?}); relay log:\n{}",
+        applied_on(&env.fga, "user:anne", "viewer", "document:1"),
+        relay.logs()
+    );
+}
+
+/// A row OpenFGA rejects (here a write whose tuple exists with another condition: 409) that
+/// another session holds when the relay dead-letters it stays pending; no later row on its
+/// tuple may overtake it meanwhile. Otherwise the later delete removes the tuple, the rejected
+/// write then succeeds, and OpenFGA holds a tuple the outbox deleted last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_row_another_session_holds_keeps_its_tuple_blocked() {
+    let env = Env::start().await;
+    env.fga.insert_tuple(
+        StoredTuple::new("user:anne", "viewer", "document:1")
+            .with_condition("non_expired", json!({"expires_at": "2020-01-01T00:00:00Z"})),
+    );
+    let mut conditioned = tk("user:anne", "viewer", "document:1");
+    conditioned["condition"] =
+        json!({"name": "non_expired", "context": {"expires_at": "2030-01-01T00:00:00Z"}});
+    let rejected = env.insert(writes(&[conditioned])).await;
+    let later = env
+        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    // The rejected row's Write is slow, so that the holder queues for its lock meanwhile and
+    // gets it the moment the Write's transaction ends, before the relay dead-letters the row.
+    env.fga.push_fault(
+        FaultRule::once(Fault::Delay(Duration::from_millis(800))).when_tuple(
+            "user:anne",
+            "viewer",
+            "document:1",
+        ),
+    );
+    let relay = env.start_relay().await;
+    wait_writes_received(&env.fga, 1).await;
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE",
+            &[&rejected],
+        )
+        .await
+        .unwrap();
+    // A row on another tuple, inserted now, is delivered by a later pass than the one that
+    // saw the rejection: once it is, that pass is over.
+    let other = env
+        .insert(writes(&[tk("user:other", "viewer", "document:o")]))
+        .await;
+    env.wait_delivered(other).await;
+    let overtaken = env.row(later).await.delivered;
+    holder.batch_execute("COMMIT").await.unwrap();
+    wait_until(PROMPTLY, "the rejected row is done with", || async {
+        let r = env.row(rejected).await;
+        (r.dead || r.delivered) && env.row(later).await.delivered
+    })
+    .await;
+    let r = env.row(rejected).await;
+    assert!(
+        !overtaken,
+        "the later delete went out while the rejected row was pending; relay log:\n{}",
+        relay.logs()
+    );
+    assert!(r.dead, "the rejected row ended {r:?}");
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "OpenFGA holds the tuple the outbox deleted last (applied: {:?})",
+        applied_on(&env.fga, "user:anne", "viewer", "document:1"),
+    );
+}
+
+/// A row read in a pass (without a lock) and changed before its Write locks it is sent as it is
+/// when locked, never with what it said when read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
+    let env = Env::start().await;
+    let a = tk("user:a", "viewer", "document:a");
+    let first = env.insert(writes(std::slice::from_ref(&a))).await;
+    // Behind `first` on its tuple: read with the page, then waits for `first`'s Write.
+    let changed = env
+        .insert(json!({
+            "writes": [tk("user:old", "viewer", "document:r")],
+            "deletes": [a],
+        }))
+        .await;
+    env.fga.push_fault(
+        FaultRule::once(Fault::Delay(Duration::from_millis(800))).when_tuple(
+            "user:a",
+            "viewer",
+            "document:a",
+        ),
+    );
+    let relay = env.start_relay().await;
+    wait_writes_received(&env.fga, 1).await;
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&changed, &writes(&[tk("user:new", "viewer", "document:r")])],
+        )
+        .await
+        .unwrap();
+    env.wait_delivered(changed).await;
+    env.wait_delivered(first).await;
+    assert!(
+        applied_on(&env.fga, "user:old", "viewer", "document:r").is_empty(),
+        "the row's old payload was sent; relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.fga.has("user:new", "viewer", "document:r"));
+    assert!(
+        env.fga.has("user:a", "viewer", "document:a"),
+        "the old payload's delete was applied"
+    );
+}
