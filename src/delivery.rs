@@ -59,7 +59,7 @@ use crate::backoff::Backoff;
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use crate::openfga::{FailureClass, FgaClient, WriteError};
-use crate::payload::{Op, Payload, TupleKey};
+use crate::payload::{Condition, Op, Payload, TupleKey, same_condition};
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
 use deadpool_postgres::GenericClient;
@@ -317,7 +317,12 @@ impl Flight {
         }
         let ops = self.plan.ops();
         let started = Instant::now();
-        let result = client.write(&ops, window).await;
+        let result = match client.write(&ops, window).await {
+            Err(WriteError::AlreadyApplied { op, message }) => {
+                confirm_applied(client, &ops, op, message).await
+            }
+            r => r,
+        };
         let sent = !matches!(result, Err(WriteError::NotSent));
         if sent {
             let outcome = match &result {
@@ -361,6 +366,63 @@ impl Flight {
         }
         Ok(Answer::Sent(result))
     }
+}
+
+/// An older OpenFGA's "already exists" for a write says only that the tuple exists, not that it
+/// holds the row's condition: such a server answers so whatever condition it holds, and the
+/// row's would never land. So the tuple is read back: held as written, the write counts as
+/// applied; held with another condition (or none where the row has one), the operation is
+/// rejected, and its row dead-lettered with the reason, never marked delivered. A delete's "does
+/// not exist" needs no look.
+async fn confirm_applied(
+    client: &FgaClient,
+    ops: &[&Op],
+    op: Option<usize>,
+    message: String,
+) -> Result<(), WriteError> {
+    let applied = WriteError::AlreadyApplied { op, message };
+    let Some(i) = op.or((ops.len() == 1).then_some(0)) else {
+        return Err(applied);
+    };
+    let Some(Op::Write { key, condition }) = ops.get(i).copied() else {
+        return Err(applied);
+    };
+    let page = match client.read(Some(key), 1, "").await {
+        Ok(page) => page,
+        // Whether it holds the row's condition is not known: sent again later, not counted.
+        Err(e @ (WriteError::Transient { .. } | WriteError::Throttled { .. })) => return Err(e),
+        Err(e) => {
+            return Err(WriteError::Transient {
+                reason: format!("reading back {key} after \"already exists\" failed: {e}"),
+                retry_after: e.retry_after(),
+            });
+        }
+    };
+    let Some(held) = page.tuples.iter().find(|t| t.key == *key) else {
+        // Gone since (another writer): the write is sent again.
+        return Err(WriteError::Transient {
+            reason: format!("OpenFGA answered that {key} exists, and then did not hold it"),
+            retry_after: None,
+        });
+    };
+    let wanted = condition.as_ref().map(Condition::to_value);
+    let holds = held.condition.as_ref().map(Condition::to_value);
+    if same_condition(wanted.as_ref(), holds.as_ref()) {
+        return Err(applied);
+    }
+    let describe =
+        |c: &Option<serde_json::Value>| c.as_ref().map_or("none".to_owned(), |v| v.to_string());
+    Err(WriteError::Rejected {
+        op: Some(i),
+        code: "condition_differs".to_owned(),
+        message: format!(
+            "OpenFGA already holds {key} with condition {}, not the row's {}; an OpenFGA older \
+             than 1.10 answers \"already exists\" and keeps the condition it holds (delete the \
+             tuple first, or upgrade OpenFGA)",
+            describe(&holds),
+            describe(&wanted)
+        ),
+    })
 }
 
 /// What every Write of a pass goes with: the database, OpenFGA, the metrics, the `Retry-After`

@@ -185,3 +185,55 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
         "the old payload's delete was applied"
     );
 }
+
+/// On OpenFGA before 1.10, a write whose tuple exists with another condition is answered
+/// "already exists", and the new condition never lands. The relay reads the tuple back on that
+/// answer: held with another condition, the row is dead-lettered with the reason, never marked
+/// delivered; held as written, the row is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_openfga_holding_another_condition_dead_letters_the_write() {
+    let env = Env::with_fga(FakeFga::builder().legacy().start()).await;
+    let old = json!({"expires_at": "2020-01-01T00:00:00Z"});
+    for object in ["document:1", "document:2"] {
+        env.fga.insert_tuple(
+            StoredTuple::new("user:anne", "viewer", object)
+                .with_condition("non_expired", old.clone()),
+        );
+    }
+    let with = |object: &str, expires_at: &str| {
+        let mut t = tk("user:anne", "viewer", object);
+        t["condition"] = json!({"name": "non_expired", "context": {"expires_at": expires_at}});
+        t
+    };
+    let changed = env
+        .insert(writes(&[with("document:1", "2030-01-01T00:00:00Z")]))
+        .await;
+    let same = env
+        .insert(writes(&[with("document:2", "2020-01-01T00:00:00Z")]))
+        .await;
+    let out = env
+        .command(&["drain", "--timeout", "20s"])
+        .output()
+        .unwrap();
+    crate::common::relay::assert_success(&out, "drain");
+    let r = env.row(changed).await;
+    assert!(
+        r.dead && !r.delivered,
+        "the write whose condition OpenFGA did not take ended {r:?}; log:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reason = r.last_error.unwrap_or_default();
+    assert!(
+        reason.contains("condition") && reason.contains("2020-01-01"),
+        "the reason does not say what OpenFGA holds: {reason}"
+    );
+    let s = env.row(same).await;
+    assert!(
+        s.delivered,
+        "the write OpenFGA holds as written ended {s:?}"
+    );
+    assert_eq!(
+        env.fga.condition_of("user:anne", "viewer", "document:1"),
+        Some(json!({"name": "non_expired", "context": old}))
+    );
+}
