@@ -119,8 +119,11 @@ struct Memo {
     /// Held back until then.
     retry_at: Option<Instant>,
     /// Operations OpenFGA already applied (a split row's finished parts, or an older server's
-    /// "already exists"/"does not exist"), by index.
+    /// "already exists"/"does not exist"), or that it must not apply (a retried row's
+    /// operations superseded by later rows), by index.
     done: HashSet<usize>,
+    /// For a row that came back from dead: its superseded operations were looked for.
+    checked: bool,
 }
 
 /// A row in a pass.
@@ -871,6 +874,14 @@ impl Deliverer {
                 report.due(at);
                 continue;
             }
+            if row.retried && !self.memo.get(&row.id).is_some_and(|m| m.checked) {
+                // Not in the page's locked transaction: the note on the row must stay even if
+                // that transaction is rolled back.
+                if std::mem::take(&mut open) {
+                    conn.batch_execute("ROLLBACK").await?;
+                }
+                self.skip_superseded(conn, row.id, &payload.ops).await?;
+            }
             ids.push(row.id);
             queue.insert(
                 row.id,
@@ -895,6 +906,44 @@ impl Deliverer {
             None
         };
         Ok((Some((last, n)), spare))
+    }
+
+    /// For a row that came back from dead (`fga-relay retry`): its operations on tuples that a
+    /// later delivered row touches are never sent, as they would land over that row's operation.
+    /// They count as done (a row left with nothing to send is marked delivered without a Write),
+    /// and are logged and recorded in the row's `last_error`. Looked for once, when the row is
+    /// first read: while it is pending, no later row on its tuples is delivered before it.
+    async fn skip_superseded(
+        &mut self,
+        conn: &impl GenericClient,
+        id: i64,
+        ops: &[Op],
+    ) -> Result<(), StoreError> {
+        let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
+        let skipped = self.store.superseded(conn, id, &keys).await?;
+        if !skipped.is_empty() {
+            let list: Vec<String> = skipped
+                .iter()
+                .filter_map(|&(i, by)| ops.get(i).map(|op| (op, by)))
+                .map(|(op, by)| {
+                    let kind = if op.is_write() { "write" } else { "delete" };
+                    warn!(id, operation = %format!("{kind} {}", op.key()), superseded_by = by,
+                        "retried row: operation superseded by a later delivered row; skipped");
+                    format!("{kind} {} (row {by})", op.key())
+                })
+                .collect();
+            let note = format!(
+                "retried: skipped {} of {} operations, superseded by later delivered rows: {}",
+                list.len(),
+                ops.len(),
+                list.join(", ")
+            );
+            self.store.record_skipped(conn, id, &note).await?;
+        }
+        let m = self.memo.entry(id).or_default();
+        m.checked = true;
+        m.done.extend(skipped.iter().map(|&(i, _)| i));
+        Ok(())
     }
 
     /// A Write answered (or not sent, its rows held elsewhere): account for it.
@@ -1010,10 +1059,10 @@ impl Deliverer {
                 .filter(|i| memo.is_none_or(|m| !m.done.contains(i)))
                 .collect();
             if remaining.is_empty() {
-                // Not expected: a Write's answer that finishes a row marks it in its own
-                // transaction. Should one come, it is marked at the end of the pass, and until
-                // then its tuples stay blocked: if the mark is lost, it is sent again before
-                // any later row on them, never after.
+                // A retried row whose every operation is superseded (a Write's answer that
+                // finishes a row marks it in its own transaction). Marked at the end of the
+                // pass, and until then its tuples stay blocked: if the mark is lost, it is
+                // looked at again before any later row on them, never after.
                 if let Some(c) = queue.remove(&id) {
                     blocked.extend(c.hashes.iter().copied());
                     self.row_delivered(&c, report);

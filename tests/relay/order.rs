@@ -237,3 +237,110 @@ async fn an_older_openfga_holding_another_condition_dead_letters_the_write() {
         Some(json!({"name": "non_expired", "context": old}))
     );
 }
+
+/// A 400 naming one tuple, as OpenFGA answers a tuple its model does not allow.
+fn invalid(user: &str, relation: &str, object: &str) -> FaultRule {
+    FaultRule::once(Fault::status(
+        400,
+        "validation_error",
+        &format!(
+            "Invalid tuple '{object}#{relation}@{user}'. Reason: relation '{relation}' not found"
+        ),
+    ))
+    .when_tuple(user, relation, object)
+}
+
+/// `fga-relay retry` never replays a dead row's operation over a later row's operation on the
+/// same tuple that OpenFGA already applied: a grant dead-lettered (the model did not allow it
+/// yet), a later revoke of it delivered, then the dead row retried, leaves the tuple revoked.
+/// Such operations are skipped and said so (`--dry-run`, the log, the row's `last_error`); the
+/// rest of a row, and a dead row nothing later touched, are delivered as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_never_replays_an_operation_a_later_row_superseded() {
+    let env = Env::start().await;
+    for (user, object) in [
+        ("user:anne", "document:1"),
+        ("user:carl", "document:3"),
+        ("user:dan", "document:4"),
+    ] {
+        env.fga.push_fault(invalid(user, "viewer", object));
+    }
+    let grant = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let pair = env
+        .insert(writes(&[
+            tk("user:bob", "viewer", "document:2"),
+            tk("user:carl", "viewer", "document:3"),
+        ]))
+        .await;
+    let untouched = env
+        .insert(writes(&[tk("user:dan", "viewer", "document:4")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the three rows are dead", || async {
+        env.row(grant).await.dead && env.row(pair).await.dead && env.row(untouched).await.dead
+    })
+    .await;
+    let revoke = env
+        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let revoke_bob = env
+        .insert(deletes(&[tk("user:bob", "viewer", "document:2")]))
+        .await;
+    env.wait_delivered(revoke).await;
+    env.wait_delivered(revoke_bob).await;
+
+    let out = env
+        .command(&["retry", "--dead", "--dry-run"])
+        .output()
+        .unwrap();
+    crate::common::relay::assert_success(&out, "retry --dry-run");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        format!("row {grant}: skip write document:1#viewer@user:anne (superseded by row {revoke}"),
+        format!(
+            "row {pair}: skip write document:2#viewer@user:bob (superseded by row {revoke_bob}"
+        ),
+        format!("row {pair}: replay write document:3#viewer@user:carl"),
+        format!("row {untouched}: replay write document:4#viewer@user:dan"),
+    ] {
+        assert!(
+            listed.contains(&line),
+            "--dry-run does not say {line:?}:\n{listed}"
+        );
+    }
+    assert!(env.row(grant).await.dead, "--dry-run changed a row");
+
+    let out = env.command(&["retry", "--dead"]).output().unwrap();
+    crate::common::relay::assert_success(&out, "retry --dead");
+    wait_until(PROMPTLY, "the retried rows are delivered", || async {
+        env.row(grant).await.delivered
+            && env.row(pair).await.delivered
+            && env.row(untouched).await.delivered
+    })
+    .await;
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the retried grant was applied over the later revoke (applied: {:?}); relay log:\n{}",
+        applied_on(&env.fga, "user:anne", "viewer", "document:1"),
+        relay.logs()
+    );
+    assert!(
+        !env.fga.has("user:bob", "viewer", "document:2"),
+        "the retried row's superseded write was applied"
+    );
+    assert!(env.fga.has("user:carl", "viewer", "document:3"));
+    assert!(env.fga.has("user:dan", "viewer", "document:4"));
+    let note = env.row(grant).await.last_error.unwrap_or_default();
+    assert!(
+        note.contains("superseded") && note.contains(&format!("row {revoke}")),
+        "the row does not say what was skipped: {note:?}"
+    );
+    assert!(
+        relay
+            .logs()
+            .contains("operation superseded by a later delivered row"),
+        "no log line says what was skipped"
+    );
+}
