@@ -5,9 +5,18 @@
 
 use crate::common::fga::{FakeFga, Fault, FaultRule, StoredTuple};
 use crate::common::pg::PROMPTLY;
-use crate::common::relay::{Env, deletes, tk, wait_until, writes};
+use crate::common::relay::{Env, deletes, insert_with, tk, wait_until, writes};
 use serde_json::json;
 use std::time::Duration;
+
+/// How long the Write a test acts beside takes: below the request timeout the tests run with
+/// (2 s), long enough for the test's one statement meanwhile on a loaded machine.
+const SLOW_WRITE: Duration = Duration::from_millis(1500);
+
+/// When OpenFGA answered the first Write it received.
+fn first_answered(fga: &FakeFga) -> Option<std::time::Instant> {
+    fga.writes().first().and_then(|w| w.answered_at)
+}
 
 /// Every operation OpenFGA applied on `user relation object`, in order: true a write.
 fn applied_on(fga: &FakeFga, user: &str, relation: &str, object: &str) -> Vec<bool> {
@@ -80,65 +89,86 @@ async fn a_row_finished_by_already_exists_is_marked_before_its_tuple_moves_on() 
 /// another session holds when the relay dead-letters it stays pending; no later row on its
 /// tuple may overtake it meanwhile. Otherwise the later delete removes the tuple, the rejected
 /// write then succeeds, and OpenFGA holds a tuple the outbox deleted last.
+///
+/// The holder queues for the row's lock while its Write is in flight and gets it when the
+/// Write's transaction ends; the relay's dead-lettering, a moment later, may still come first
+/// (PostgreSQL wakes the waiter, which must then take the lock). Then the scenario did not
+/// happen, and it is tried again on another tuple.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_row_another_session_holds_keeps_its_tuple_blocked() {
     let env = Env::start().await;
-    env.fga.insert_tuple(
-        StoredTuple::new("user:anne", "viewer", "document:1")
-            .with_condition("non_expired", json!({"expires_at": "2020-01-01T00:00:00Z"})),
-    );
-    let mut conditioned = tk("user:anne", "viewer", "document:1");
-    conditioned["condition"] =
-        json!({"name": "non_expired", "context": {"expires_at": "2030-01-01T00:00:00Z"}});
-    let rejected = env.insert(writes(&[conditioned])).await;
-    let later = env
-        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
-        .await;
-    // The rejected row's Write is slow, so that the holder queues for its lock meanwhile and
-    // gets it the moment the Write's transaction ends, before the relay dead-letters the row.
-    env.fga.push_fault(
-        FaultRule::once(Fault::Delay(Duration::from_millis(800))).when_tuple(
-            "user:anne",
-            "viewer",
-            "document:1",
-        ),
-    );
     let relay = env.start_relay().await;
-    wait_writes_received(&env.fga, 1).await;
-    let holder = env.db.connect().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute(
-            "SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE",
-            &[&rejected],
-        )
-        .await
-        .unwrap();
-    // A row on another tuple, inserted now, is delivered by a later pass than the one that
-    // saw the rejection: once it is, that pass is over.
-    let other = env
-        .insert(writes(&[tk("user:other", "viewer", "document:o")]))
+    for n in 0..5 {
+        let object = format!("document:h{n}");
+        env.fga.insert_tuple(
+            StoredTuple::new("user:anne", "viewer", &object)
+                .with_condition("non_expired", json!({"expires_at": "2020-01-01T00:00:00Z"})),
+        );
+        // The rejected row's Write is slow, so that the holder queues for its lock meanwhile.
+        env.fga
+            .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+                "user:anne",
+                "viewer",
+                &object,
+            ));
+        let holder = env.db.connect().await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        let before = env.fga.write_count();
+        let mut conditioned = tk("user:anne", "viewer", &object);
+        conditioned["condition"] =
+            json!({"name": "non_expired", "context": {"expires_at": "2030-01-01T00:00:00Z"}});
+        // In one transaction: the pass that sends the rejected row has the later one too.
+        let writer = env.db.connect().await;
+        writer.batch_execute("BEGIN").await.unwrap();
+        let rejected = insert_with(&writer, writes(&[conditioned])).await;
+        let later = insert_with(&writer, deletes(&[tk("user:anne", "viewer", &object)])).await;
+        writer.batch_execute("COMMIT").await.unwrap();
+        wait_writes_received(&env.fga, before + 1).await;
+        holder
+            .execute(
+                "SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE",
+                &[&rejected],
+            )
+            .await
+            .unwrap();
+        if env.row(rejected).await.dead {
+            // The relay dead-lettered it before the holder took it: not the case tested.
+            holder.batch_execute("COMMIT").await.unwrap();
+            env.wait_delivered(later).await;
+            continue;
+        }
+        // A row on another tuple, inserted now, is delivered by a later pass than the one that
+        // saw the rejection: once it is, that pass is over.
+        let other = env
+            .insert(writes(&[tk(
+                "user:other",
+                "viewer",
+                &format!("document:o{n}"),
+            )]))
+            .await;
+        env.wait_delivered(other).await;
+        let overtaken = env.row(later).await.delivered;
+        holder.batch_execute("COMMIT").await.unwrap();
+        wait_until(PROMPTLY, "the rejected row is done with", || async {
+            let r = env.row(rejected).await;
+            (r.dead || r.delivered) && env.row(later).await.delivered
+        })
         .await;
-    env.wait_delivered(other).await;
-    let overtaken = env.row(later).await.delivered;
-    holder.batch_execute("COMMIT").await.unwrap();
-    wait_until(PROMPTLY, "the rejected row is done with", || async {
         let r = env.row(rejected).await;
-        (r.dead || r.delivered) && env.row(later).await.delivered
-    })
-    .await;
-    let r = env.row(rejected).await;
-    assert!(
-        !overtaken,
-        "the later delete went out while the rejected row was pending; relay log:\n{}",
-        relay.logs()
-    );
-    assert!(r.dead, "the rejected row ended {r:?}");
-    assert!(
-        !env.fga.has("user:anne", "viewer", "document:1"),
-        "OpenFGA holds the tuple the outbox deleted last (applied: {:?})",
-        applied_on(&env.fga, "user:anne", "viewer", "document:1"),
-    );
+        assert!(
+            !overtaken,
+            "the later delete went out while the rejected row was pending; relay log:\n{}",
+            relay.logs()
+        );
+        assert!(r.dead, "the rejected row ended {r:?}");
+        assert!(
+            !env.fga.has("user:anne", "viewer", &object),
+            "OpenFGA holds the tuple the outbox deleted last (applied: {:?})",
+            applied_on(&env.fga, "user:anne", "viewer", &object),
+        );
+        return;
+    }
+    panic!("in 5 tries the relay always dead-lettered the row before the holder took it");
 }
 
 /// A row read in a pass (without a lock) and changed before its Write locks it is sent as it is
@@ -155,16 +185,15 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
             "deletes": [a],
         }))
         .await;
-    env.fga.push_fault(
-        FaultRule::once(Fault::Delay(Duration::from_millis(800))).when_tuple(
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
             "user:a",
             "viewer",
             "document:a",
-        ),
-    );
+        ));
+    let admin = env.db.connect().await;
     let relay = env.start_relay().await;
     wait_writes_received(&env.fga, 1).await;
-    let admin = env.db.connect().await;
     admin
         .execute(
             "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
@@ -172,6 +201,11 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
         )
         .await
         .unwrap();
+    let updated = std::time::Instant::now();
+    assert!(
+        first_answered(&env.fga).is_none_or(|at| at > updated),
+        "precondition: the row was changed after the Write before it was answered"
+    );
     env.wait_delivered(changed).await;
     env.wait_delivered(first).await;
     assert!(
