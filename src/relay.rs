@@ -65,10 +65,10 @@ pub struct Relay {
 #[derive(Default)]
 pub struct Terms {
     lease: OnceLock<Arc<Lease>>,
-    /// Set while no Write of this process's last term can be in flight: what that term had to
-    /// wait for (`not_before` of its predecessors). Retaking leadership while still the
-    /// recorded holder, the relay need wait only for that, not for its own lease.
-    carry: Mutex<Option<Option<SystemTime>>>,
+    /// Set while no Write of this process's last term can be in flight: that term, and what it
+    /// had to wait for (`not_before` of its predecessors). Retaking leadership when the record
+    /// still holds that very term, the relay need wait only for that, not for its own lease.
+    carry: Mutex<Option<Carry>>,
     /// The session this process last gave up on: on the server it may still be open, holding
     /// the leadership lock, and is ended at the next connect.
     abandoned: Mutex<Option<Backend>>,
@@ -77,6 +77,15 @@ pub struct Terms {
 /// The guarded value, also after a panic elsewhere (the data is a plain value, never half-made).
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This process's last term, with no Write of it in flight.
+#[derive(Clone, Copy)]
+struct Carry {
+    /// When it was taken (PostgreSQL's clock, as the record holds it).
+    term: SystemTime,
+    /// What it had to wait for.
+    inherited: Option<SystemTime>,
 }
 
 /// A term of leadership under way.
@@ -392,22 +401,33 @@ impl Relay {
     }
 
     /// Begins a term: waits, before the first Write, until no Write of an earlier leader can
-    /// land (the `not_before` the record holds). Retaking leadership while still the recorded
-    /// holder, with no Write of its own in flight, it waits only for what its last term had to.
+    /// land (the `not_before` the record holds). Retaking leadership when the record still
+    /// holds its own last term, with no Write of that term in flight, it waits only for what
+    /// that term had to. The term is compared, not the holder's name: a take of this relay's
+    /// own whose answer was lost (the connection failed after it committed) recorded the name
+    /// too, after ending the session of a leader whose Writes the fence must still cover.
     /// Returns the term, and whether the wait ended (false: stopped first).
     async fn begin_term(&self, taken: Taken, stop: &[&CancellationToken]) -> (Term, bool) {
         let carried = locked(&self.terms.carry).take();
         let (inherited, wait) = match carried {
-            Some(inherited) if taken.previous.as_deref() == Some(self.identity.as_str()) => (
-                inherited,
-                inherited
-                    .and_then(|t| t.duration_since(taken.now).ok())
-                    .unwrap_or_default(),
-            ),
+            Some(c)
+                if taken.previous_term == Some(c.term)
+                    && taken.previous.as_deref() == Some(self.identity.as_str()) =>
+            {
+                (
+                    c.inherited,
+                    c.inherited
+                        .and_then(|t| t.duration_since(taken.now).ok())
+                        .unwrap_or_default(),
+                )
+            }
             _ => (taken.not_before, taken.wait),
         };
         // Nothing of this term is in flight yet.
-        *locked(&self.terms.carry) = Some(inherited);
+        *locked(&self.terms.carry) = Some(Carry {
+            term: taken.term,
+            inherited,
+        });
         self.metrics.leader.set(1);
         self.systemd.status("leader: delivering");
         if wait.is_zero() {

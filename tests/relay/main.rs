@@ -7,6 +7,7 @@ mod common;
 mod adopted;
 mod commands;
 mod delivery;
+mod failover;
 mod faults;
 mod leadership;
 mod libpq;
