@@ -207,16 +207,20 @@ impl DeliverySettings {
     }
 
     /// How long before the end of its lease (as PostgreSQL records it) the leader stops sending
-    /// by its own clock: one heartbeat, as renewals come a heartbeat apart and each may take up
-    /// to a heartbeat to be answered.
+    /// by its own clock (counted from when the renewal was sent, which is before PostgreSQL
+    /// starts the lease): one heartbeat, for a clock that runs slow against the server's.
     pub fn lease_margin(&self) -> Duration {
         self.heartbeat_interval
     }
 
     /// Checks that the heartbeat, the lease and the request timeout can make the fence sound
-    /// together: a leader renews every heartbeat, a renewal may take a heartbeat to be answered,
-    /// and it stops sending one heartbeat before its lease runs out, so the lease must be at
-    /// least three heartbeats. The request timeout bounds a whole Write call, and the fence is
+    /// together. Renewals are due on a fixed cadence, one heartbeat apart, and each is answered
+    /// within a heartbeat of when it was due (or the connection counts as dead); the window a
+    /// renewal opens runs from when it was sent (at or after it was due) for the lease less the
+    /// margin (one heartbeat). So the next renewal is answered at most two heartbeats after
+    /// this one was due, inside this one's window exactly when the lease is at least three
+    /// heartbeats: slow renewals never close the window of a live connection. The request
+    /// timeout bounds a whole Write call, and the fence is
     /// that plus a margin; a Write call that could outlast the lease would leave the leader
     /// unable to stop sending before its lock can be freed.
     pub fn check_timing(&self, request_timeout: Duration) -> Result<(), ConfigError> {

@@ -126,11 +126,20 @@ impl Session {
             let lease = opts.lease.clone();
             let term = term.clone();
             tokio::spawn(async move {
+                // On a fixed cadence, not a heartbeat after the previous answer: renewals that
+                // each take most of a heartbeat must not add up. Renewal k+1 is due one
+                // heartbeat after renewal k was due and is answered within a heartbeat of that
+                // (or the connection counts as dead), so it is answered before renewal k's
+                // window (sent + lease - margin, the lease at least three heartbeats and the
+                // margin one) ends; a term taken between two ticks is renewed at the next.
+                let mut ticks =
+                    tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep(every) => {}
+                    let due = tokio::select! {
+                        due = ticks.tick() => due,
                         _ = lost.cancelled() => return,
-                    }
+                    };
                     let sent = Instant::now();
                     let leading = term.end().is_some();
                     let check = async {
@@ -140,7 +149,7 @@ impl Session {
                             client.simple_query("SELECT 1").await.map(|_| None)
                         }
                     };
-                    match tokio::time::timeout(every, check).await {
+                    match tokio::time::timeout_at(due + every, check).await {
                         Ok(Ok(None)) => {}
                         Ok(Ok(Some(true))) => {
                             term.extend_to(sent + lease.lease - lease.margin);

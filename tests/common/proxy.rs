@@ -142,21 +142,25 @@ struct Upstream {
 }
 
 /// Copies `from` to `to` until either ends, or forever holds both once frozen (or, from the
-/// server, once its answers are held).
+/// server, once its answers are held). From the server, each chunk is written its delay after
+/// it was read, whatever came before it: a slow path, not a queue.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+    to: tokio::net::tcp::OwnedWriteHalf,
     mut flow: watch::Receiver<Flow>,
     upstream: Option<Upstream>,
 ) {
     let from_server = upstream.is_none();
     let stopped = move |f: &Flow| f.frozen || (from_server && f.answers_held);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut writer = AbortOnDrop(tokio::spawn(write_out(to, rx, flow.clone(), stopped)));
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
                 Ok(0) | Err(_) => {
-                    let _ = to.shutdown().await;
+                    let _ = tx.send(None);
+                    let _ = (&mut writer.0).await;
                     return;
                 }
                 Ok(n) => n,
@@ -164,8 +168,8 @@ async fn pump(
             _ = async { flow.wait_for(stopped).await.is_ok() } => 0,
         };
         if stopped(&flow.borrow()) {
-            // Hold both halves open, forwarding nothing.
-            let _keep = (from, to);
+            // Hold this half open, reading nothing.
+            let _keep = from;
             return std::future::pending().await;
         }
         if let Some(up) = &upstream {
@@ -181,13 +185,48 @@ async fn pump(
                 up.switch.send_modify(|f| f.answers_held = true);
             }
         }
-        let delay = flow.borrow().answer_delay;
-        if from_server && !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
+        let delay = if from_server {
+            flow.borrow().answer_delay
+        } else {
+            Duration::ZERO
+        };
+        let at = tokio::time::Instant::now() + delay;
+        if tx.send(Some((at, buf[..n].to_vec()))).is_err() {
             return;
         }
+    }
+}
+
+/// The writing half of [`pump`]: each chunk at its time, nothing once stopped; `None` is the
+/// reader's end, passed on as a shutdown.
+async fn write_out(
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut chunks: tokio::sync::mpsc::UnboundedReceiver<Option<(tokio::time::Instant, Vec<u8>)>>,
+    flow: watch::Receiver<Flow>,
+    stopped: impl Fn(&Flow) -> bool,
+) {
+    while let Some(chunk) = chunks.recv().await {
+        let Some((at, bytes)) = chunk else {
+            let _ = to.shutdown().await;
+            return;
+        };
+        tokio::time::sleep_until(at).await;
+        if stopped(&flow.borrow()) {
+            // Hold this half open, writing nothing.
+            let _keep = to;
+            return std::future::pending().await;
+        }
+        if to.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

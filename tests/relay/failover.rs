@@ -121,8 +121,8 @@ async fn a_take_whose_answer_was_lost_does_not_skip_the_fence_of_the_leader_it_r
     );
 }
 
-/// Every answer on the leader's LISTEN connection (where it renews its lease) comes 0.6
-/// heartbeats late. Renewals a heartbeat after the previous answer would each leave later, and
+/// Every answer on the leader's LISTEN connection (where it renews its lease) comes 0.35
+/// heartbeats late: a renewal (two round trips, a prepare and its run) takes 0.7 heartbeats. Renewals a heartbeat after the previous answer would each leave later, and
 /// two in a row would answer past the leader's send window (the lease less a heartbeat), so the
 /// leader would drop its own leadership at its next Write and take it again. On a fixed cadence
 /// they keep its window open: the same term delivers a row inserted after many slow renewals.
@@ -142,7 +142,7 @@ async fn slow_lease_renewals_do_not_close_the_send_window() {
         .await;
     env.wait_delivered(before).await;
     assert_eq!(
-        proxy.delay_answers_named("fga-relay run listener", Duration::from_millis(600)),
+        proxy.delay_answers_named("fga-relay run listener", Duration::from_millis(350)),
         1
     );
     let term = record(&env).await;
