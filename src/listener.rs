@@ -13,11 +13,12 @@
 //! that was stopped, or cut off, must not send once another may have taken over.
 
 use crate::leadership::{Backend, Lease, Taken};
+use crate::lease_clock::LeaseInstant;
 use crate::schema::{LEADER_LOCK_CLASS, WAKE_LOCK_CLASS};
 use crate::send_window::SendWindow;
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Client};
@@ -140,7 +141,7 @@ impl Session {
                         due = ticks.tick() => due,
                         _ = lost.cancelled() => return,
                     };
-                    let sent = Instant::now();
+                    let sent = LeaseInstant::now();
                     let leading = term.end().is_some();
                     let check = async {
                         if leading {
@@ -252,7 +253,7 @@ impl Session {
         if !self.try_lock(LEADER_LOCK_CLASS).await? {
             return Ok(None);
         }
-        let sent = Instant::now();
+        let sent = LeaseInstant::now();
         let taken = self.lease.take(&self.client).await?;
         self.term
             .open_until(sent + self.lease.lease - self.lease.margin);
@@ -268,7 +269,7 @@ impl Session {
     /// session counts as lost at once: another relay may have ended it and be delivering.
     pub fn lease_valid(&self) -> bool {
         match self.term.end() {
-            Some(until) if Instant::now() < until => true,
+            Some(until) if LeaseInstant::now() < until => true,
             Some(_) => {
                 if !self.lost.is_cancelled() {
                     warn!("the leadership lease ran out before it could be renewed; stopping");
