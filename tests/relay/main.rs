@@ -16,6 +16,7 @@ mod observability;
 mod payloads;
 mod reconcile;
 mod secret_files;
+mod secrets;
 mod security;
 mod sessions;
 mod settings;
