@@ -35,6 +35,34 @@ fn wake_payload(oid: i32) -> String {
     (oid as u32).to_string()
 }
 
+/// What one heartbeat found.
+enum Beat {
+    /// Standing by, on the session it began on.
+    Alive,
+    /// Leading: the lease runs on.
+    Renewed,
+    /// Leading: the record names another session, on the session it began on.
+    TakenOver,
+    /// Another PostgreSQL session answered (a pooler in transaction mode, reported).
+    Moved,
+}
+
+/// The pid of the session that answers, by a simple query (no prepared statement, which a
+/// pooler could lose).
+async fn backend_pid(client: &Client) -> Result<Option<i32>, tokio_postgres::Error> {
+    Ok(first_int(
+        &client.simple_query("SELECT pg_backend_pid()").await?,
+    ))
+}
+
+/// The first column of the first row of a simple query's answer, as an integer.
+pub fn first_int(answer: &[tokio_postgres::SimpleQueryMessage]) -> Option<i32> {
+    answer.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+        _ => None,
+    })
+}
+
 /// A dedicated connection and the tasks that watch it.
 pub struct Session {
     client: Arc<Client>,
@@ -62,6 +90,8 @@ pub struct SessionOptions<'a> {
     pub on_notification: Arc<dyn Fn() + Send + Sync>,
     /// The lease this session renews while it leads.
     pub lease: Arc<Lease>,
+    /// Told when the session finds a pooler in transaction mode in between.
+    pub pooler: Arc<crate::db::pooler::PoolerCheck>,
 }
 
 impl Session {
@@ -120,12 +150,15 @@ impl Session {
         };
 
         let term = SendWindow::default();
+        // The session's pid, once read: the heartbeat starts before.
+        let first_pid = Arc::new(std::sync::OnceLock::new());
         let heartbeat = {
             let client = client.clone();
             let lost = lost.clone();
             let every = opts.heartbeat;
             let lease = opts.lease.clone();
             let term = term.clone();
+            let (pooler, first_pid) = (opts.pooler.clone(), first_pid.clone());
             tokio::spawn(async move {
                 // On a fixed cadence, not a heartbeat after the previous answer: renewals that
                 // each take most of a heartbeat must not add up. Renewal k+1 is due one
@@ -143,26 +176,42 @@ impl Session {
                     };
                     let sent = LeaseInstant::now();
                     let leading = term.end().is_some();
+                    // Every beat but a successful renewal asks for the session's pid: one that
+                    // changed is a pooler in transaction mode (see `db::pooler`), not a takeover.
                     let check = async {
-                        if leading {
-                            lease.renew(&client).await.map(Some)
-                        } else {
-                            client.simple_query("SELECT 1").await.map(|_| None)
+                        if leading && lease.renew(&client).await? {
+                            return Ok(Beat::Renewed);
                         }
+                        let now = backend_pid(&client).await?;
+                        if let (Some(&was), Some(now)) = (first_pid.get(), now)
+                            && pooler.check_pid(was, now)
+                        {
+                            return Ok(Beat::Moved);
+                        }
+                        Ok(if leading {
+                            Beat::TakenOver
+                        } else {
+                            Beat::Alive
+                        })
                     };
                     match tokio::time::timeout_at(due + every, check).await {
-                        Ok(Ok(None)) => {}
-                        Ok(Ok(Some(true))) => {
+                        Ok(Ok(Beat::Alive)) => {}
+                        Ok(Ok(Beat::Renewed)) => {
                             term.extend_to(sent + lease.lease - lease.margin);
                         }
-                        Ok(Ok(Some(false))) => {
+                        Ok(Ok(Beat::TakenOver)) => {
                             if term.end().is_some() {
                                 warn!("another relay has taken over leadership");
                                 lost.cancel();
                                 return;
                             }
                         }
+                        Ok(Ok(Beat::Moved)) => {
+                            lost.cancel();
+                            return;
+                        }
                         Ok(Err(e)) => {
+                            pooler.check(&e);
                             warn!(error = %crate::db::describe(&e), "heartbeat failed");
                             lost.cancel();
                             return;
@@ -179,6 +228,7 @@ impl Session {
 
         crate::db::setup_session(cfg, &client).await?;
         let backend = crate::leadership::backend(&client).await?;
+        let _ = first_pid.set(backend.pid);
         let session = Session {
             client,
             wake,
@@ -303,6 +353,12 @@ impl Session {
     /// Ends an earlier session of this relay's own (see [`Lease::end_session`]).
     pub async fn end_session(&self, backend: Backend) -> Result<bool, tokio_postgres::Error> {
         self.lease.end_session(&self.client, backend).await
+    }
+
+    /// The pid of the PostgreSQL session answering now: [`Session::backend`]'s, unless a
+    /// pooler in transaction mode is in between.
+    pub async fn current_pid(&self) -> Result<Option<i32>, tokio_postgres::Error> {
+        backend_pid(&self.client).await
     }
 
     /// This session's backend on the server.

@@ -10,6 +10,7 @@
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
 use crate::db::PgConnect;
+use crate::db::pooler::PoolerCheck;
 use crate::delivery::{Deliverer, PassReport};
 use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
@@ -59,6 +60,9 @@ pub struct Relay {
     pub systemd: Arc<Notifier>,
     /// What this process remembers of its own terms of leadership.
     pub terms: Terms,
+    /// Finds a pooler in transaction mode between the relay and PostgreSQL, and stops the
+    /// relay when it does (the command then exits 2 with its message).
+    pub pooler: Arc<PoolerCheck>,
 }
 
 /// What a relay process remembers of its own terms of leadership across reconnects.
@@ -178,6 +182,7 @@ impl Relay {
                 metrics.notifications.inc();
             }),
             lease: self.lease(),
+            pooler: self.pooler.clone(),
         }
     }
 
@@ -192,6 +197,12 @@ impl Relay {
             self.session_options(listen),
         )
         .await?;
+        // Bounded: a pooled connection that hangs must not keep the relay from leading.
+        let _ = tokio::time::timeout(
+            self.delivery.heartbeat_interval,
+            self.probe_pooler(&session),
+        )
+        .await;
         let abandoned = locked(&self.terms.abandoned).take();
         if let Some(old) = abandoned {
             match session.end_session(old).await {
@@ -208,6 +219,33 @@ impl Relay {
             }
         }
         Ok(session)
+    }
+
+    /// Looks for a pooler in transaction mode at once, rather than at its first lost statement:
+    /// a pooled connection holds a transaction open while the dedicated session asks its pid.
+    /// Through PostgreSQL (or a session-mode pool) the two are different sessions, each with a
+    /// pid of its own for life; a transaction-mode pool hands the transaction the server session
+    /// the dedicated connection just let go (PgBouncer reuses the last one freed), or serves the
+    /// dedicated connection from another. Reported through `self.pooler`, which stops the relay;
+    /// a failure to ask is left to the relay's usual paths.
+    async fn probe_pooler(&self, session: &Session) {
+        let Ok(conn) = self.store.pool().get().await else {
+            return;
+        };
+        let pid = "SELECT pg_backend_pid()";
+        let Ok(held) = conn.simple_query(&format!("BEGIN; {pid}")).await else {
+            return;
+        };
+        let held = crate::listener::first_int(&held);
+        let now = session.current_pid().await.ok().flatten();
+        let _ = conn.simple_query("ROLLBACK").await;
+        let was = session.backend().pid;
+        if let Some(held) = held
+            && !self.pooler.check_shared(was, held)
+            && let Some(now) = now
+        {
+            self.pooler.check_pid(was, now);
+        }
     }
 
     /// Gives up on a session (lost): remembered, to be ended at the next connect. The pool's
@@ -277,6 +315,7 @@ impl Relay {
     /// The daemon: until `shutdown` fires, keep a dedicated connection, lead or stand by, and
     /// deliver. Returns once the batch in flight is finished and leadership released.
     pub async fn run(&self, shutdown: CancellationToken, ready: impl Fn(bool)) {
+        self.pooler.stops(&shutdown);
         let mut deliverer = self.deliverer();
         let mut failures = 0u32;
         let mut connected_before = false;
@@ -284,6 +323,9 @@ impl Relay {
             let session = match self.connect(true).await {
                 Ok(s) => s,
                 Err(e) => {
+                    if self.pooler.check(&e) {
+                        break;
+                    }
                     failures += 1;
                     let wait = RECONNECT_BACKOFF.delay(failures);
                     warn!(error = %crate::db::describe(&e), retry_in = ?wait,
@@ -380,12 +422,14 @@ impl Relay {
                         }
                         Ok(_) => {}
                         Err(e) => {
+                            self.pooler.check(&e);
                             warn!(error = %crate::db::describe(&e), "cannot check the leader's lease");
                             return Err(());
                         }
                     }
                 }
                 Err(e) => {
+                    self.pooler.check(&e);
                     warn!(error = %crate::db::describe(&e), "cannot ask for leadership");
                     return Err(());
                 }
@@ -508,7 +552,7 @@ impl Relay {
                     r
                 }
                 Err(e) => {
-                    if self.read_only(&e) {
+                    if self.read_only(&e) || self.pooled(&e) {
                         break;
                     }
                     if !self.db_backoff(&e, &mut db_failures, &stop).await {
@@ -577,7 +621,7 @@ impl Relay {
             let last_look = match self.guarded_pass(deliverer, session, &keep_going).await {
                 None => break,
                 Some(Ok(r)) => r,
-                Some(Err(e)) if self.read_only(&e) => break,
+                Some(Err(e)) if self.read_only(&e) || self.pooled(&e) => break,
                 Some(Err(e)) => {
                     warn!(error = %e, "database error while draining");
                     PassReport {
@@ -660,6 +704,12 @@ impl Relay {
         true
     }
 
+    /// Whether `e` is a sign of a pooler in transaction mode (then reported, and the relay
+    /// stops).
+    fn pooled(&self, e: &StoreError) -> bool {
+        matches!(e, StoreError::Db(e) if self.pooler.check(e))
+    }
+
     fn account(&self, trigger: Trigger, report: &PassReport) {
         if trigger == Trigger::Sweep && report.delivered > 0 {
             self.metrics.sweep_found_rows.inc_by(report.delivered);
@@ -690,6 +740,7 @@ impl Relay {
         timeout: Duration,
         shutdown: CancellationToken,
     ) -> Result<i64, crate::store::StoreError> {
+        self.pooler.stops(&shutdown);
         let timer = CancellationToken::new();
         {
             let timer = timer.clone();
@@ -756,6 +807,7 @@ impl Relay {
         let ride_out = |e: &crate::store::StoreError| {
             e.is_retryable()
                 && !e.is_read_only()
+                && !self.pooled(e)
                 && !timer.is_cancelled()
                 && !shutdown.is_cancelled()
         };
@@ -786,7 +838,10 @@ impl Relay {
                 *session = self
                     .connect(false)
                     .await
-                    .map_err(|e| warn!(error = %crate::db::describe(&e), "cannot connect"))
+                    .map_err(|e| {
+                        self.pooler.check(&e);
+                        warn!(error = %crate::db::describe(&e), "cannot connect")
+                    })
                     .ok();
             }
             let Some(s) = session.as_ref() else {
@@ -795,7 +850,8 @@ impl Relay {
                 continue;
             };
             if term.is_none() {
-                match s.try_lead().await.ok().flatten() {
+                let taken = s.try_lead().await.map_err(|e| self.pooler.check(&e));
+                match taken.ok().flatten() {
                     Some(taken) => {
                         let (t, waited) =
                             self.begin_term(taken, &[shutdown, timer, s.lost()]).await;

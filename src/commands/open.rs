@@ -137,6 +137,7 @@ pub(super) async fn build_relay(
         identity: crate::relay::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
         terms: Default::default(),
+        pooler: Default::default(),
     };
     Ok((relay, registry))
 }

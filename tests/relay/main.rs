@@ -14,6 +14,7 @@ mod libpq;
 mod listen;
 mod observability;
 mod payloads;
+mod pooler;
 mod reconcile;
 mod secret_files;
 mod secrets;
