@@ -56,7 +56,7 @@ async fn backend_pid(client: &Client) -> Result<Option<i32>, tokio_postgres::Err
 }
 
 /// The first column of the first row of a simple query's answer, as an integer.
-pub fn first_int(answer: &[tokio_postgres::SimpleQueryMessage]) -> Option<i32> {
+fn first_int(answer: &[tokio_postgres::SimpleQueryMessage]) -> Option<i32> {
     answer.iter().find_map(|m| match m {
         tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
         _ => None,
@@ -75,6 +75,7 @@ pub struct Session {
     /// This session's backend on the server.
     backend: Backend,
     lease: Arc<Lease>,
+    pooler: Arc<crate::db::pooler::PoolerCheck>,
     /// While leading: until when a Write may leave, the lease by our own clock (see
     /// `send_window`).
     term: SendWindow,
@@ -236,6 +237,7 @@ impl Session {
             oid,
             backend,
             lease: opts.lease,
+            pooler: opts.pooler,
             term,
             tasks: vec![driver, heartbeat],
         };
@@ -359,6 +361,31 @@ impl Session {
     /// pooler in transaction mode is in between.
     pub async fn current_pid(&self) -> Result<Option<i32>, tokio_postgres::Error> {
         backend_pid(&self.client).await
+    }
+
+    /// Looks for a pooler in transaction mode at once, rather than at its first lost statement:
+    /// a pooled connection holds a transaction open while this session asks its pid. Through
+    /// PostgreSQL (or a session-mode pool) the two are different sessions, each with a pid of
+    /// its own for life; a transaction-mode pool may hand the transaction the server session
+    /// this connection just let go (PgBouncer reuses the last one freed), or serve this
+    /// connection from another. Reported to the session's `PoolerCheck`, which stops the relay;
+    /// a failure to ask is left to the relay's usual paths.
+    pub async fn probe_pooler(&self, pool: &deadpool_postgres::Pool) {
+        let Ok(conn) = pool.get().await else {
+            return;
+        };
+        let Ok(held) = conn.simple_query("BEGIN; SELECT pg_backend_pid()").await else {
+            return;
+        };
+        let now = self.current_pid().await.ok().flatten();
+        let _ = conn.simple_query("ROLLBACK").await;
+        let was = self.backend.pid;
+        if let Some(held) = first_int(&held)
+            && !self.pooler.check_shared(was, held)
+            && let Some(now) = now
+        {
+            self.pooler.check_pid(was, now);
+        }
     }
 
     /// This session's backend on the server.

@@ -200,7 +200,7 @@ impl Relay {
         // Bounded: a pooled connection that hangs must not keep the relay from leading.
         let _ = tokio::time::timeout(
             self.delivery.heartbeat_interval,
-            self.probe_pooler(&session),
+            session.probe_pooler(self.store.pool()),
         )
         .await;
         let abandoned = locked(&self.terms.abandoned).take();
@@ -219,33 +219,6 @@ impl Relay {
             }
         }
         Ok(session)
-    }
-
-    /// Looks for a pooler in transaction mode at once, rather than at its first lost statement:
-    /// a pooled connection holds a transaction open while the dedicated session asks its pid.
-    /// Through PostgreSQL (or a session-mode pool) the two are different sessions, each with a
-    /// pid of its own for life; a transaction-mode pool hands the transaction the server session
-    /// the dedicated connection just let go (PgBouncer reuses the last one freed), or serves the
-    /// dedicated connection from another. Reported through `self.pooler`, which stops the relay;
-    /// a failure to ask is left to the relay's usual paths.
-    async fn probe_pooler(&self, session: &Session) {
-        let Ok(conn) = self.store.pool().get().await else {
-            return;
-        };
-        let pid = "SELECT pg_backend_pid()";
-        let Ok(held) = conn.simple_query(&format!("BEGIN; {pid}")).await else {
-            return;
-        };
-        let held = crate::listener::first_int(&held);
-        let now = session.current_pid().await.ok().flatten();
-        let _ = conn.simple_query("ROLLBACK").await;
-        let was = session.backend().pid;
-        if let Some(held) = held
-            && !self.pooler.check_shared(was, held)
-            && let Some(now) = now
-        {
-            self.pooler.check_pid(was, now);
-        }
     }
 
     /// Gives up on a session (lost): remembered, to be ended at the next connect. The pool's
