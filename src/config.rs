@@ -207,16 +207,20 @@ impl DeliverySettings {
     }
 
     /// How long before the end of its lease (as PostgreSQL records it) the leader stops sending
-    /// by its own clock: one heartbeat, as renewals come a heartbeat apart and each may take up
-    /// to a heartbeat to be answered.
+    /// by its own clock (counted from when the renewal was sent, which is before PostgreSQL
+    /// starts the lease): one heartbeat, for a clock that runs slow against the server's.
     pub fn lease_margin(&self) -> Duration {
         self.heartbeat_interval
     }
 
     /// Checks that the heartbeat, the lease and the request timeout can make the fence sound
-    /// together: a leader renews every heartbeat, a renewal may take a heartbeat to be answered,
-    /// and it stops sending one heartbeat before its lease runs out, so the lease must be at
-    /// least three heartbeats. The request timeout bounds a whole Write call, and the fence is
+    /// together. Renewals are due on a fixed cadence, one heartbeat apart, and each is answered
+    /// within a heartbeat of when it was due (or the connection counts as dead); the window a
+    /// renewal opens runs from when it was sent (at or after it was due) for the lease less the
+    /// margin (one heartbeat). So the next renewal is answered at most two heartbeats after
+    /// this one was due, inside this one's window exactly when the lease is at least three
+    /// heartbeats: slow renewals never close the window of a live connection. The request
+    /// timeout bounds a whole Write call, and the fence is
     /// that plus a margin; a Write call that could outlast the lease would leave the leader
     /// unable to stop sending before its lock can be freed.
     pub fn check_timing(&self, request_timeout: Duration) -> Result<(), ConfigError> {
@@ -331,18 +335,55 @@ pub fn parse_http_addr(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
 
 /// Parses an http(s) URL for the named setting.
 pub fn parse_http_url(setting: &str, s: &str) -> Result<reqwest::Url, ConfigError> {
+    let shown = shown_url_text(s);
     let url = reqwest::Url::parse(s.trim())
-        .map_err(|e| ConfigError::new(setting, format!("{s:?} is not a URL ({e})")))?;
+        .map_err(|e| ConfigError::new(setting, format!("{shown:?} is not a URL ({e})")))?;
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(ConfigError::new(
             setting,
-            format!("{s:?} must start with http:// or https://"),
+            format!("{shown:?} must start with http:// or https://"),
         ));
     }
     if url.host_str().is_none() {
-        return Err(ConfigError::new(setting, format!("{s:?} has no host")));
+        return Err(ConfigError::new(setting, format!("{shown:?} has no host")));
     }
     Ok(url)
+}
+
+/// What replaces a URL's userinfo where it is shown.
+const USERINFO_SHOWN: &str = "[redacted]@";
+
+/// A URL as logs and errors may show it: its userinfo (`user:password@`, which reqwest sends as
+/// Basic credentials) replaced. Errors end up in rows' `last_error`, which `fga_outbox_wait`
+/// returns to writers.
+pub fn shown_url(url: &reqwest::Url) -> String {
+    if url.username().is_empty() && url.password().is_none() {
+        return url.to_string();
+    }
+    let mut bare = url.clone();
+    // Only URLs that cannot have userinfo refuse these, and this one has some.
+    let _ = bare.set_username("");
+    let _ = bare.set_password(None);
+    let bare = bare.to_string();
+    match bare.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{USERINFO_SHOWN}{rest}"),
+        None => bare,
+    }
+}
+
+/// [`shown_url`] for text that may not parse as a URL: everything from `://` to the last `@`
+/// goes (more than the userinfo where a path holds an `@`, never less).
+pub fn shown_url_text(s: &str) -> String {
+    match s.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://{USERINFO_SHOWN}{host}"),
+            None => s.to_owned(),
+        },
+        None => match s.rsplit_once('@') {
+            Some((_, host)) => format!("{USERINFO_SHOWN}{host}"),
+            None => s.to_owned(),
+        },
+    }
 }
 
 /// OpenFGA's pattern for store and model ids: `^[ABCDEFGHJKMNPQRSTVWXYZ0-9]{26}$` (a ULID).
@@ -418,6 +459,36 @@ mod tests {
         );
         let e = d.check_timing(Duration::from_secs(15)).unwrap_err();
         assert!(e.to_string().contains("FGA_RELAY_REQUEST_TIMEOUT"), "{e}");
+    }
+
+    #[test]
+    fn urls_are_shown_without_their_userinfo() {
+        let url = |s| reqwest::Url::parse(s).unwrap();
+        assert_eq!(
+            shown_url(&url("https://user:pw@fga.internal:8443/a?b=c")),
+            "https://[redacted]@fga.internal:8443/a?b=c"
+        );
+        assert_eq!(
+            shown_url(&url("https://pw@fga.internal/")),
+            "https://[redacted]@fga.internal/"
+        );
+        assert_eq!(
+            shown_url(&url("https://:pw@fga.internal/")),
+            "https://[redacted]@fga.internal/"
+        );
+        assert_eq!(
+            shown_url(&url("http://fga.internal/")),
+            "http://fga.internal/"
+        );
+        assert_eq!(
+            shown_url_text("ftp://u:p/w@x@host"),
+            "ftp://[redacted]@host"
+        );
+        assert_eq!(shown_url_text("u:pw@host"), "[redacted]@host");
+        let e = parse_http_url("--api-url", "ftp://user:s3cret@fga").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = parse_http_url("--api-url", "https://user:s3cret@[fga").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
     }
 
     #[test]

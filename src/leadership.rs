@@ -35,6 +35,11 @@ pub struct Lease {
 pub struct Taken {
     /// The previous holder, if any.
     pub previous: Option<String>,
+    /// When the previous holder took leadership (PostgreSQL's clock): its term, which tells
+    /// this relay's own last term from a take of its own whose answer it never saw.
+    pub previous_term: Option<SystemTime>,
+    /// When this relay took it now: this term.
+    pub term: SystemTime,
     /// When the previous leaders' Writes are all over (PostgreSQL's clock), if ever recorded.
     pub not_before: Option<SystemTime>,
     /// How long from now until then.
@@ -86,6 +91,8 @@ impl Lease {
         let wait: f64 = row.try_get("wait_seconds")?;
         Ok(Taken {
             previous: row.try_get("previous_holder")?,
+            previous_term: row.try_get("previous_term")?,
+            term: row.try_get("term")?,
             not_before: row.try_get("not_before")?,
             wait: Duration::try_from_secs_f64(wait).unwrap_or_default(),
             now: row.try_get("now")?,

@@ -25,7 +25,8 @@
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
 //! - [`send_window`]: until when a Write may leave (the lease by the leader's own clock),
 //!   asked by each Write's body as the connection writes it.
-//! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence.
+//! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence;
+//!   [`lease_clock`]: the clock the lease runs on, which counts suspended time.
 //! - [`relay`]: the `run` and `drain` loops around delivery passes.
 //! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the
 //!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
@@ -46,6 +47,7 @@ pub mod delivery;
 pub mod http;
 pub mod latency_window;
 pub mod leadership;
+pub mod lease_clock;
 pub mod listener;
 pub mod metrics;
 pub mod openfga;

@@ -13,11 +13,12 @@
 //! that was stopped, or cut off, must not send once another may have taken over.
 
 use crate::leadership::{Backend, Lease, Taken};
+use crate::lease_clock::LeaseInstant;
 use crate::schema::{LEADER_LOCK_CLASS, WAKE_LOCK_CLASS};
 use crate::send_window::SendWindow;
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Client};
@@ -34,6 +35,34 @@ fn wake_payload(oid: i32) -> String {
     (oid as u32).to_string()
 }
 
+/// What one heartbeat found.
+enum Beat {
+    /// Standing by, on the session it began on.
+    Alive,
+    /// Leading: the lease runs on.
+    Renewed,
+    /// Leading: the record names another session, on the session it began on.
+    TakenOver,
+    /// Another PostgreSQL session answered (a pooler in transaction mode, reported).
+    Moved,
+}
+
+/// The pid of the session that answers, by a simple query (no prepared statement, which a
+/// pooler could lose).
+async fn backend_pid(client: &Client) -> Result<Option<i32>, tokio_postgres::Error> {
+    Ok(first_int(
+        &client.simple_query("SELECT pg_backend_pid()").await?,
+    ))
+}
+
+/// The first column of the first row of a simple query's answer, as an integer.
+fn first_int(answer: &[tokio_postgres::SimpleQueryMessage]) -> Option<i32> {
+    answer.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+        _ => None,
+    })
+}
+
 /// A dedicated connection and the tasks that watch it.
 pub struct Session {
     client: Arc<Client>,
@@ -46,6 +75,7 @@ pub struct Session {
     /// This session's backend on the server.
     backend: Backend,
     lease: Arc<Lease>,
+    pooler: Arc<crate::db::pooler::PoolerCheck>,
     /// While leading: until when a Write may leave, the lease by our own clock (see
     /// `send_window`).
     term: SendWindow,
@@ -61,6 +91,8 @@ pub struct SessionOptions<'a> {
     pub on_notification: Arc<dyn Fn() + Send + Sync>,
     /// The lease this session renews while it leads.
     pub lease: Arc<Lease>,
+    /// Told when the session finds a pooler in transaction mode in between.
+    pub pooler: Arc<crate::db::pooler::PoolerCheck>,
 }
 
 impl Session {
@@ -119,40 +151,68 @@ impl Session {
         };
 
         let term = SendWindow::default();
+        // The session's pid, once read: the heartbeat starts before.
+        let first_pid = Arc::new(std::sync::OnceLock::new());
         let heartbeat = {
             let client = client.clone();
             let lost = lost.clone();
             let every = opts.heartbeat;
             let lease = opts.lease.clone();
             let term = term.clone();
+            let (pooler, first_pid) = (opts.pooler.clone(), first_pid.clone());
             tokio::spawn(async move {
+                // On a fixed cadence, not a heartbeat after the previous answer: renewals that
+                // each take most of a heartbeat must not add up. Renewal k+1 is due one
+                // heartbeat after renewal k was due and is answered within a heartbeat of that
+                // (or the connection counts as dead), so it is answered before renewal k's
+                // window (sent + lease - margin, the lease at least three heartbeats and the
+                // margin one) ends; a term taken between two ticks is renewed at the next.
+                let mut ticks =
+                    tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep(every) => {}
+                    let due = tokio::select! {
+                        due = ticks.tick() => due,
                         _ = lost.cancelled() => return,
-                    }
-                    let sent = Instant::now();
-                    let leading = term.end().is_some();
-                    let check = async {
-                        if leading {
-                            lease.renew(&client).await.map(Some)
-                        } else {
-                            client.simple_query("SELECT 1").await.map(|_| None)
-                        }
                     };
-                    match tokio::time::timeout(every, check).await {
-                        Ok(Ok(None)) => {}
-                        Ok(Ok(Some(true))) => {
+                    let sent = LeaseInstant::now();
+                    let leading = term.end().is_some();
+                    // Every beat but a successful renewal asks for the session's pid: one that
+                    // changed is a pooler in transaction mode (see `db::pooler`), not a takeover.
+                    let check = async {
+                        if leading && lease.renew(&client).await? {
+                            return Ok(Beat::Renewed);
+                        }
+                        let now = backend_pid(&client).await?;
+                        if let (Some(&was), Some(now)) = (first_pid.get(), now)
+                            && pooler.check_pid(was, now)
+                        {
+                            return Ok(Beat::Moved);
+                        }
+                        Ok(if leading {
+                            Beat::TakenOver
+                        } else {
+                            Beat::Alive
+                        })
+                    };
+                    match tokio::time::timeout_at(due + every, check).await {
+                        Ok(Ok(Beat::Alive)) => {}
+                        Ok(Ok(Beat::Renewed)) => {
                             term.extend_to(sent + lease.lease - lease.margin);
                         }
-                        Ok(Ok(Some(false))) => {
+                        Ok(Ok(Beat::TakenOver)) => {
                             if term.end().is_some() {
                                 warn!("another relay has taken over leadership");
                                 lost.cancel();
                                 return;
                             }
                         }
+                        Ok(Ok(Beat::Moved)) => {
+                            lost.cancel();
+                            return;
+                        }
                         Ok(Err(e)) => {
+                            pooler.check(&e);
                             warn!(error = %crate::db::describe(&e), "heartbeat failed");
                             lost.cancel();
                             return;
@@ -169,6 +229,7 @@ impl Session {
 
         crate::db::setup_session(cfg, &client).await?;
         let backend = crate::leadership::backend(&client).await?;
+        let _ = first_pid.set(backend.pid);
         let session = Session {
             client,
             wake,
@@ -176,6 +237,7 @@ impl Session {
             oid,
             backend,
             lease: opts.lease,
+            pooler: opts.pooler,
             term,
             tasks: vec![driver, heartbeat],
         };
@@ -243,7 +305,7 @@ impl Session {
         if !self.try_lock(LEADER_LOCK_CLASS).await? {
             return Ok(None);
         }
-        let sent = Instant::now();
+        let sent = LeaseInstant::now();
         let taken = self.lease.take(&self.client).await?;
         self.term
             .open_until(sent + self.lease.lease - self.lease.margin);
@@ -259,7 +321,7 @@ impl Session {
     /// session counts as lost at once: another relay may have ended it and be delivering.
     pub fn lease_valid(&self) -> bool {
         match self.term.end() {
-            Some(until) if Instant::now() < until => true,
+            Some(until) if LeaseInstant::now() < until => true,
             Some(_) => {
                 if !self.lost.is_cancelled() {
                     warn!("the leadership lease ran out before it could be renewed; stopping");
@@ -293,6 +355,37 @@ impl Session {
     /// Ends an earlier session of this relay's own (see [`Lease::end_session`]).
     pub async fn end_session(&self, backend: Backend) -> Result<bool, tokio_postgres::Error> {
         self.lease.end_session(&self.client, backend).await
+    }
+
+    /// The pid of the PostgreSQL session answering now: [`Session::backend`]'s, unless a
+    /// pooler in transaction mode is in between.
+    pub async fn current_pid(&self) -> Result<Option<i32>, tokio_postgres::Error> {
+        backend_pid(&self.client).await
+    }
+
+    /// Looks for a pooler in transaction mode at once, rather than at its first lost statement:
+    /// a pooled connection holds a transaction open while this session asks its pid. Through
+    /// PostgreSQL (or a session-mode pool) the two are different sessions, each with a pid of
+    /// its own for life; a transaction-mode pool may hand the transaction the server session
+    /// this connection just let go (PgBouncer reuses the last one freed), or serve this
+    /// connection from another. Reported to the session's `PoolerCheck`, which stops the relay;
+    /// a failure to ask is left to the relay's usual paths.
+    pub async fn probe_pooler(&self, pool: &deadpool_postgres::Pool) {
+        let Ok(conn) = pool.get().await else {
+            return;
+        };
+        let Ok(held) = conn.simple_query("BEGIN; SELECT pg_backend_pid()").await else {
+            return;
+        };
+        let now = self.current_pid().await.ok().flatten();
+        let _ = conn.simple_query("ROLLBACK").await;
+        let was = self.backend.pid;
+        if let Some(held) = first_int(&held)
+            && !self.pooler.check_shared(was, held)
+            && let Some(now) = now
+        {
+            self.pooler.check_pid(was, now);
+        }
     }
 
     /// This session's backend on the server.

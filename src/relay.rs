@@ -10,6 +10,7 @@
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
 use crate::db::PgConnect;
+use crate::db::pooler::PoolerCheck;
 use crate::delivery::{Deliverer, PassReport};
 use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
@@ -59,16 +60,19 @@ pub struct Relay {
     pub systemd: Arc<Notifier>,
     /// What this process remembers of its own terms of leadership.
     pub terms: Terms,
+    /// Finds a pooler in transaction mode between the relay and PostgreSQL, and stops the
+    /// relay when it does (the command then exits 2 with its message).
+    pub pooler: Arc<PoolerCheck>,
 }
 
 /// What a relay process remembers of its own terms of leadership across reconnects.
 #[derive(Default)]
 pub struct Terms {
     lease: OnceLock<Arc<Lease>>,
-    /// Set while no Write of this process's last term can be in flight: what that term had to
-    /// wait for (`not_before` of its predecessors). Retaking leadership while still the
-    /// recorded holder, the relay need wait only for that, not for its own lease.
-    carry: Mutex<Option<Option<SystemTime>>>,
+    /// Set while no Write of this process's last term can be in flight: that term, and what it
+    /// had to wait for (`not_before` of its predecessors). Retaking leadership when the record
+    /// still holds that very term, the relay need wait only for that, not for its own lease.
+    carry: Mutex<Option<Carry>>,
     /// The session this process last gave up on: on the server it may still be open, holding
     /// the leadership lock, and is ended at the next connect.
     abandoned: Mutex<Option<Backend>>,
@@ -77,6 +81,15 @@ pub struct Terms {
 /// The guarded value, also after a panic elsewhere (the data is a plain value, never half-made).
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This process's last term, with no Write of it in flight.
+#[derive(Clone, Copy)]
+struct Carry {
+    /// When it was taken (PostgreSQL's clock, as the record holds it).
+    term: SystemTime,
+    /// What it had to wait for.
+    inherited: Option<SystemTime>,
 }
 
 /// A term of leadership under way.
@@ -169,6 +182,7 @@ impl Relay {
                 metrics.notifications.inc();
             }),
             lease: self.lease(),
+            pooler: self.pooler.clone(),
         }
     }
 
@@ -183,6 +197,12 @@ impl Relay {
             self.session_options(listen),
         )
         .await?;
+        // Bounded: a pooled connection that hangs must not keep the relay from leading.
+        let _ = tokio::time::timeout(
+            self.delivery.heartbeat_interval,
+            session.probe_pooler(self.store.pool()),
+        )
+        .await;
         let abandoned = locked(&self.terms.abandoned).take();
         if let Some(old) = abandoned {
             match session.end_session(old).await {
@@ -268,6 +288,7 @@ impl Relay {
     /// The daemon: until `shutdown` fires, keep a dedicated connection, lead or stand by, and
     /// deliver. Returns once the batch in flight is finished and leadership released.
     pub async fn run(&self, shutdown: CancellationToken, ready: impl Fn(bool)) {
+        self.pooler.stops(&shutdown);
         let mut deliverer = self.deliverer();
         let mut failures = 0u32;
         let mut connected_before = false;
@@ -275,6 +296,9 @@ impl Relay {
             let session = match self.connect(true).await {
                 Ok(s) => s,
                 Err(e) => {
+                    if self.pooler.check(&e) {
+                        break;
+                    }
                     failures += 1;
                     let wait = RECONNECT_BACKOFF.delay(failures);
                     warn!(error = %crate::db::describe(&e), retry_in = ?wait,
@@ -371,12 +395,14 @@ impl Relay {
                         }
                         Ok(_) => {}
                         Err(e) => {
+                            self.pooler.check(&e);
                             warn!(error = %crate::db::describe(&e), "cannot check the leader's lease");
                             return Err(());
                         }
                     }
                 }
                 Err(e) => {
+                    self.pooler.check(&e);
                     warn!(error = %crate::db::describe(&e), "cannot ask for leadership");
                     return Err(());
                 }
@@ -392,22 +418,33 @@ impl Relay {
     }
 
     /// Begins a term: waits, before the first Write, until no Write of an earlier leader can
-    /// land (the `not_before` the record holds). Retaking leadership while still the recorded
-    /// holder, with no Write of its own in flight, it waits only for what its last term had to.
+    /// land (the `not_before` the record holds). Retaking leadership when the record still
+    /// holds its own last term, with no Write of that term in flight, it waits only for what
+    /// that term had to. The term is compared, not the holder's name: a take of this relay's
+    /// own whose answer was lost (the connection failed after it committed) recorded the name
+    /// too, after ending the session of a leader whose Writes the fence must still cover.
     /// Returns the term, and whether the wait ended (false: stopped first).
     async fn begin_term(&self, taken: Taken, stop: &[&CancellationToken]) -> (Term, bool) {
         let carried = locked(&self.terms.carry).take();
         let (inherited, wait) = match carried {
-            Some(inherited) if taken.previous.as_deref() == Some(self.identity.as_str()) => (
-                inherited,
-                inherited
-                    .and_then(|t| t.duration_since(taken.now).ok())
-                    .unwrap_or_default(),
-            ),
+            Some(c)
+                if taken.previous_term == Some(c.term)
+                    && taken.previous.as_deref() == Some(self.identity.as_str()) =>
+            {
+                (
+                    c.inherited,
+                    c.inherited
+                        .and_then(|t| t.duration_since(taken.now).ok())
+                        .unwrap_or_default(),
+                )
+            }
             _ => (taken.not_before, taken.wait),
         };
         // Nothing of this term is in flight yet.
-        *locked(&self.terms.carry) = Some(inherited);
+        *locked(&self.terms.carry) = Some(Carry {
+            term: taken.term,
+            inherited,
+        });
         self.metrics.leader.set(1);
         self.systemd.status("leader: delivering");
         if wait.is_zero() {
@@ -488,7 +525,7 @@ impl Relay {
                     r
                 }
                 Err(e) => {
-                    if self.read_only(&e) {
+                    if self.read_only(&e) || self.pooled(&e) {
                         break;
                     }
                     if !self.db_backoff(&e, &mut db_failures, &stop).await {
@@ -557,7 +594,7 @@ impl Relay {
             let last_look = match self.guarded_pass(deliverer, session, &keep_going).await {
                 None => break,
                 Some(Ok(r)) => r,
-                Some(Err(e)) if self.read_only(&e) => break,
+                Some(Err(e)) if self.read_only(&e) || self.pooled(&e) => break,
                 Some(Err(e)) => {
                     warn!(error = %e, "database error while draining");
                     PassReport {
@@ -640,6 +677,12 @@ impl Relay {
         true
     }
 
+    /// Whether `e` is a sign of a pooler in transaction mode (then reported, and the relay
+    /// stops).
+    fn pooled(&self, e: &StoreError) -> bool {
+        matches!(e, StoreError::Db(e) if self.pooler.check(e))
+    }
+
     fn account(&self, trigger: Trigger, report: &PassReport) {
         if trigger == Trigger::Sweep && report.delivered > 0 {
             self.metrics.sweep_found_rows.inc_by(report.delivered);
@@ -670,6 +713,7 @@ impl Relay {
         timeout: Duration,
         shutdown: CancellationToken,
     ) -> Result<i64, crate::store::StoreError> {
+        self.pooler.stops(&shutdown);
         let timer = CancellationToken::new();
         {
             let timer = timer.clone();
@@ -736,6 +780,7 @@ impl Relay {
         let ride_out = |e: &crate::store::StoreError| {
             e.is_retryable()
                 && !e.is_read_only()
+                && !self.pooled(e)
                 && !timer.is_cancelled()
                 && !shutdown.is_cancelled()
         };
@@ -766,7 +811,10 @@ impl Relay {
                 *session = self
                     .connect(false)
                     .await
-                    .map_err(|e| warn!(error = %crate::db::describe(&e), "cannot connect"))
+                    .map_err(|e| {
+                        self.pooler.check(&e);
+                        warn!(error = %crate::db::describe(&e), "cannot connect")
+                    })
                     .ok();
             }
             let Some(s) = session.as_ref() else {
@@ -775,7 +823,8 @@ impl Relay {
                 continue;
             };
             if term.is_none() {
-                match s.try_lead().await.ok().flatten() {
+                let taken = s.try_lead().await.map_err(|e| self.pooler.check(&e));
+                match taken.ok().flatten() {
                     Some(taken) => {
                         let (t, waited) =
                             self.begin_term(taken, &[shutdown, timer, s.lost()]).await;

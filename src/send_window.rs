@@ -8,22 +8,24 @@
 //! (see `openfga::client`). A relay stopped (SIGSTOP, a hung host) with Writes planned, handed
 //! to a connection or waiting for one, finds the window closed when it is continued and sends
 //! none of them: a Write with no body is not a Write OpenFGA can apply.
+//!
+//! Its clock counts time the host spent suspended (see `lease_clock`).
 
+use crate::lease_clock::LeaseInstant;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 /// Shared by the session that holds the lease and every Write it sends. Cloning shares it.
 #[derive(Clone, Debug, Default)]
-pub struct SendWindow(Arc<Mutex<Option<Instant>>>);
+pub struct SendWindow(Arc<Mutex<Option<LeaseInstant>>>);
 
 impl SendWindow {
-    fn until(&self) -> MutexGuard<'_, Option<Instant>> {
+    fn until(&self) -> MutexGuard<'_, Option<LeaseInstant>> {
         // A panic while holding this lock leaves a plain value behind: keep using it.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Opens the window (leadership taken) until `until`.
-    pub fn open_until(&self, until: Instant) {
+    pub fn open_until(&self, until: LeaseInstant) {
         *self.until() = Some(until);
     }
 
@@ -31,9 +33,9 @@ impl SendWindow {
     /// after leadership was let go, or after the end had passed, opens nothing: past its end the
     /// session counts as lost (another relay may have ended it and be delivering), and only a
     /// new term opens the window again.
-    pub fn extend_to(&self, until: Instant) {
+    pub fn extend_to(&self, until: LeaseInstant) {
         let mut u = self.until();
-        if u.is_some_and(|end| Instant::now() < end) {
+        if u.is_some_and(|end| LeaseInstant::now() < end) {
             *u = Some(until);
         }
     }
@@ -44,13 +46,13 @@ impl SendWindow {
     }
 
     /// The end of the window, if leadership is held (whether or not it has passed).
-    pub fn end(&self) -> Option<Instant> {
+    pub fn end(&self) -> Option<LeaseInstant> {
         *self.until()
     }
 
     /// Whether a Write may leave now.
     pub fn is_open(&self) -> bool {
-        self.end().is_some_and(|until| Instant::now() < until)
+        self.end().is_some_and(|until| LeaseInstant::now() < until)
     }
 }
 
@@ -63,15 +65,15 @@ mod tests {
     fn open_until_its_end_closed_before_and_after() {
         let w = SendWindow::default();
         assert!(!w.is_open());
-        w.extend_to(Instant::now() + Duration::from_secs(60));
+        w.extend_to(LeaseInstant::now() + Duration::from_secs(60));
         assert!(!w.is_open(), "a renewal opens nothing");
-        w.open_until(Instant::now() + Duration::from_secs(60));
+        w.open_until(LeaseInstant::now() + Duration::from_secs(60));
         assert!(w.is_open());
-        w.extend_to(Instant::now() - Duration::from_millis(1));
+        w.extend_to(LeaseInstant::now() - Duration::from_millis(1));
         assert!(!w.is_open(), "past its end");
-        w.extend_to(Instant::now() + Duration::from_secs(60));
+        w.extend_to(LeaseInstant::now() + Duration::from_secs(60));
         assert!(!w.is_open(), "a renewal after the end reopens nothing");
-        w.open_until(Instant::now() + Duration::from_secs(60));
+        w.open_until(LeaseInstant::now() + Duration::from_secs(60));
         w.close();
         assert!(!w.is_open());
     }

@@ -23,7 +23,11 @@ impl Drain {
         let (relay, _) = build_relay(db, fga, delivery, "drain", None).await?;
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
-        let left = relay.drain(timeout, shutdown).await?;
+        let left = relay.drain(timeout, shutdown).await;
+        if let Some(pooler) = relay.pooler.finding() {
+            return Err(Failure::Config(pooler));
+        }
+        let left = left?;
         if left == 0 {
             Ok(ExitCode::SUCCESS)
         } else {

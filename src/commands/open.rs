@@ -81,7 +81,7 @@ pub(super) async fn build_relay(
         command,
         database = %crate::db::target::summary(&db),
         table = %db.table,
-        api_url = %fga.api_url,
+        api_url = %crate::config::shown_url(&fga.api_url),
         store = ?fga.store,
         model = fga.model_id.as_deref().unwrap_or("latest"),
         auth,
@@ -137,6 +137,7 @@ pub(super) async fn build_relay(
         identity: crate::relay::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
         terms: Default::default(),
+        pooler: Default::default(),
     };
     Ok((relay, registry))
 }

@@ -78,6 +78,9 @@ impl Run {
                 health.healthy.store(up, Ordering::Relaxed);
             })
             .await;
+        if let Some(pooler) = relay.pooler.finding() {
+            return Err(Failure::Config(pooler));
+        }
         Ok(ExitCode::SUCCESS)
     }
 }

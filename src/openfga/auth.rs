@@ -77,6 +77,8 @@ impl Credentials {
         if let Some(s) = scopes {
             form.push(("scope", s.as_str()));
         }
+        // Named in errors, which reach logs and rows' `last_error`: without its userinfo.
+        let issuer = crate::config::shown_url(token_issuer);
         let started = Instant::now();
         let resp = http
             .post(token_issuer.clone())
@@ -85,7 +87,7 @@ impl Credentials {
             .await
             .map_err(|e| {
                 TokenError::unavailable(format!(
-                    "token request to {token_issuer} failed: {}",
+                    "token request to {issuer} failed: {}",
                     error_chain(&e)
                 ))
             })?;
@@ -96,13 +98,13 @@ impl Credentials {
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let body = resp.bytes().await.map_err(|e| {
             TokenError::unavailable(format!(
-                "token response from {token_issuer} failed: {}",
+                "token response from {issuer} failed: {}",
                 error_chain(&e)
             ))
         })?;
         if !status.is_success() {
             let mut reason = format!(
-                "token issuer {token_issuer} answered {status}: {}",
+                "token issuer {issuer} answered {status}: {}",
                 excerpt(&body)
             );
             if let Some(to) = location {
@@ -130,7 +132,7 @@ impl Credentials {
         }
         let t: TokenBody = serde_json::from_slice(&body).map_err(|e| {
             TokenError::refused(format!(
-                "token issuer {token_issuer} answered something that is not a token ({e})"
+                "token issuer {issuer} answered something that is not a token ({e})"
             ))
         })?;
         // Refresh a minute early (or at half-life for short-lived tokens), so a request never

@@ -73,7 +73,8 @@ impl Body for GuardedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use crate::lease_clock::LeaseInstant;
+    use std::time::Duration;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
@@ -117,7 +118,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_leaves_while_the_window_is_open() {
         let window = SendWindow::default();
-        window.open_until(Instant::now() + Duration::from_secs(60));
+        window.open_until(LeaseInstant::now() + Duration::from_secs(60));
         let (got, refusal) = what_arrives(window).await;
         assert!(got.ends_with(BODY));
         assert!(!refusal);
@@ -129,7 +130,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_does_not_leave_once_the_window_has_closed() {
         let window = SendWindow::default();
-        window.open_until(Instant::now() + Duration::from_secs(60));
+        window.open_until(LeaseInstant::now() + Duration::from_secs(60));
         window.close();
         let (got, refusal) = what_arrives(window).await;
         let got = String::from_utf8_lossy(&got).into_owned();

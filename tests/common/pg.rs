@@ -343,13 +343,13 @@ fn pg_bindir() -> PathBuf {
     );
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
 /// A command for a PostgreSQL tool, run as `postgres` when we are root.
-fn pg_tool(tool: &Path, args: &[&str]) -> Command {
+pub fn pg_tool(tool: &Path, args: &[&str]) -> Command {
     if is_root() {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(tool).args(args);
@@ -361,7 +361,7 @@ fn pg_tool(tool: &Path, args: &[&str]) -> Command {
     }
 }
 
-fn chown_to_postgres(dir: &Path) {
+pub fn chown_to_postgres(dir: &Path) {
     if is_root() {
         let status = Command::new("chown")
             .args(["-R", "postgres:postgres"])

@@ -457,6 +457,15 @@ where
     }
 }
 
+/// Waits until OpenFGA has received at least `n` Writes, whatever became of them.
+pub async fn wait_for_writes(fga: &Fga, n: usize, what: &str) {
+    wait_until(super::pg::PROMPTLY, what, || {
+        let got = fga.write_count();
+        async move { got >= n }
+    })
+    .await;
+}
+
 /// Every tuple key a Write's body names, written or deleted, as `object#relation@user`.
 pub fn write_tuple_keys(body: &serde_json::Value) -> Vec<String> {
     ["writes", "deletes"]

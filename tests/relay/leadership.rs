@@ -7,39 +7,14 @@
 
 use crate::common::fga::{Fault, FaultRule, Fga, Op};
 use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
-use crate::common::proxy::FreezingProxy;
+use crate::common::proxy::{proxy_for, tcp_db, tcp_url};
 use crate::common::relay::{
-    Env, RelayProc, accepted_writes, deletes, insert_with, tk, wait_until, writes,
+    Env, RelayProc, accepted_writes, deletes, insert_with, tk, wait_for_writes, wait_until, writes,
 };
 use std::time::{Duration, Instant};
 
 /// The acceptance deadline for delivery after a leader stops working.
 const RECOVERY: Duration = Duration::from_secs(30);
-
-/// A cluster of our own that also listens on 127.0.0.1 (so that a proxy can sit in front).
-fn tcp_db(settings: &[(&str, &str)]) -> TestDb {
-    TestDb::start_with(PgOptions {
-        tcp: true,
-        hba: vec![
-            "local all all trust".to_owned(),
-            "host all all 127.0.0.1/32 trust".to_owned(),
-        ],
-        settings: settings
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-        ..PgOptions::default()
-    })
-}
-
-fn tcp_url(port: u16) -> String {
-    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=disable")
-}
-
-async fn proxy_for(env: &Env) -> FreezingProxy {
-    let port = env.db.tcp_port().expect("the cluster listens on TCP");
-    FreezingProxy::start(([127, 0, 0, 1], port).into()).await
-}
 
 /// Ends every session whose `application_name` is `name`, as an administrator would.
 async fn end_sessions(env: &Env, name: &str) {
@@ -52,15 +27,6 @@ async fn end_sessions(env: &Env, name: &str) {
         )
         .await
         .unwrap();
-}
-
-/// Waits until OpenFGA has received at least `n` Writes, whatever became of them.
-async fn wait_for_writes(fga: &Fga, n: usize, what: &str) {
-    wait_until(PROMPTLY, what, || {
-        let got = fga.write_count();
-        async move { got >= n }
-    })
-    .await;
 }
 
 /// Asserts that the relay given preshared key `key` sent no Write received after `since`.

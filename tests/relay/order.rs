@@ -3,7 +3,7 @@
 //! rows brought back by `retry`, and conditions an older OpenFGA cannot overwrite. Each test
 //! fails with its mechanism taken out.
 
-use crate::common::fga::{Fga, Fault, FaultRule, StoredTuple};
+use crate::common::fga::{Fault, FaultRule, Fga, StoredTuple};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{Env, deletes, insert_with, tk, wait_until, writes};
 use serde_json::json;
