@@ -123,6 +123,10 @@ impl FgaClient {
     /// after a 401) within one request timeout: a new leader's fence counts on no Write of an
     /// earlier leader lasting longer. Its body leaves only while `window` is open.
     pub async fn write(&self, ops: &[&Op], window: &SendWindow) -> Result<(), WriteError> {
+        // Outside the Write's deadline: a GetStore sends nothing a fence must wait for, and its
+        // token fetch must not eat into the Write's time.
+        let store_id = self.request_store_id().await?;
+        self.store_still_exists(store_id).await?;
         tokio::time::timeout(self.write_deadline, self.write_unbounded(ops, window))
             .await
             .unwrap_or_else(|_| {
@@ -138,7 +142,6 @@ impl FgaClient {
 
     async fn write_unbounded(&self, ops: &[&Op], window: &SendWindow) -> Result<(), WriteError> {
         let store_id = self.request_store_id().await?;
-        self.store_still_exists(store_id).await?;
         let url = self.url(&format!("/stores/{store_id}/write"));
         let body = write_body(ops, self.model_id.as_deref());
         let (status, retry_after, answer) = self.post_json(url, body, Some(window)).await?;
