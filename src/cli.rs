@@ -13,7 +13,7 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(
     name = "fga-relay",
-    version,
+    version = crate::build_info::VERSION_LINE,
     about = "Delivers a PostgreSQL outbox (fga_outbox) to OpenFGA's Write API, at least once, in order."
 )]
 pub struct Cli {

@@ -35,9 +35,11 @@
 //!   [`latency_window`]: the delivery latency's percentiles since the last summary.
 //! - [`summary`]: the summary log line every minute, and the warning when rows wait too long.
 //! - [`systemd`]: readiness and watchdog under `Type=notify`.
-//! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares.
+//! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares; [`build_info`]:
+//!   the version and git revision (found by `build.rs`).
 
 pub mod backoff;
+pub mod build_info;
 pub mod cli;
 pub mod commands;
 pub mod config;

@@ -94,7 +94,8 @@ pub(super) async fn build_relay(
         batch_size = delivery.batch_size,
         max_in_flight = delivery.max_in_flight,
         linger = ?delivery.linger,
-        version = env!("CARGO_PKG_VERSION"),
+        version = crate::build_info::VERSION,
+        revision = crate::build_info::REVISION,
         "fga-relay starting"
     );
     let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;

@@ -19,5 +19,6 @@ mod security;
 mod sessions;
 mod settings;
 mod summary;
+mod version;
 mod wait;
 mod writers;
