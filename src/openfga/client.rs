@@ -42,7 +42,7 @@ impl FgaClient {
             .pool_idle_timeout(Duration::from_secs(50))
             .user_agent(concat!("fga-relay/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = &settings.ca_file {
-            let setting = "--ca-file (FGA_CA_FILE)";
+            let setting = "--ca-file (FGA_RELAY_CA_FILE)";
             let pem = std::fs::read(path).map_err(|e| {
                 ConfigError::new(setting, format!("cannot read {}: {e}", path.display()))
             })?;
