@@ -146,6 +146,16 @@ pub enum StoreRef {
     Name(String),
 }
 
+/// The id, or the name: what a log line shows (`store=01HZ...`, `store=prod`).
+impl fmt::Display for StoreRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreRef::Id(id) => f.write_str(id),
+            StoreRef::Name(name) => f.write_str(name),
+        }
+    }
+}
+
 /// Everything about talking to OpenFGA.
 #[derive(Clone, Debug)]
 pub struct FgaSettings {

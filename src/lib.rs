@@ -26,7 +26,8 @@
 //! - [`send_window`]: until when a Write may leave (the lease by the leader's own clock),
 //!   asked by each Write's body as the connection writes it.
 //! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence.
-//! - [`relay`]: the `run` and `drain` loops around delivery passes.
+//! - [`relay`]: the `run` and `drain` loops around delivery passes; [`pass_log`]: what they say
+//!   about each pass (the first delivery after start at info).
 //! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the
 //!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
 //!   comparison (`compare`), the report (`report`), progress and peak memory (`progress`), and
@@ -51,6 +52,7 @@ pub mod leadership;
 pub mod listener;
 pub mod metrics;
 pub mod openfga;
+pub mod pass_log;
 pub mod payload;
 pub mod reconcile;
 pub mod relay;
