@@ -2,10 +2,12 @@
 //! connection the relay listens and leads on (never a pooled one: a pool discards notifications
 //! and may close or recycle the connection at any time). Where to connect comes from
 //! `DATABASE_URL` and libpq's environment and password file ([`conninfo`]); both use TLS as
-//! `sslmode` says, with libpq's semantics (see [`tls`]).
+//! `sslmode` says, with libpq's semantics (see [`tls`]). `fga-relay check` asks its
+//! questions through [`probe`].
 
 pub mod conninfo;
 pub mod pgpass;
+pub mod probe;
 pub mod target;
 pub mod tls;
 

@@ -4,8 +4,8 @@
 //! # Map
 //! Arrows point one way: `cli` → `commands` → the rest; nothing imports the command line back.
 //! - [`cli`]: parses the command line and dispatches to a command.
-//! - [`commands`]: one file per command (`migrate`, `sql`, `run`, `drain`, `status`, `retry`,
-//!   `prune`, `reconcile`), each with its own flags; what they open before working
+//! - [`commands`]: one file per command (`migrate`, `check`, `sql`, `run`, `drain`, `status`,
+//!   `retry`, `prune`, `reconcile`), each with its own flags; what they open before working
 //!   (`commands::open`), and how they fail (`commands::Failure`, the exit status).
 //! - [`settings`]: the flags several commands share (where the outbox is, how to reach OpenFGA,
 //!   how delivery behaves), checked into [`config`]'s settings.

@@ -4,6 +4,7 @@
 pub mod fga;
 pub mod metrics;
 pub mod pg;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod relay;
 pub mod tls;

@@ -348,7 +348,7 @@ fn pg_tool(tool: &Path, args: &[&str]) -> Command {
     }
 }
 
-fn chown_to_postgres(dir: &Path) {
+pub fn chown_to_postgres(dir: &Path) {
     if is_root() {
         let status = Command::new("chown")
             .args(["-R", "postgres:postgres"])

@@ -5,6 +5,7 @@
 mod common;
 
 mod adopted;
+mod check;
 mod commands;
 mod delivery;
 mod faults;

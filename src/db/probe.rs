@@ -1,0 +1,125 @@
+//! What `fga-relay check` asks PostgreSQL, changing nothing: whether the connection reaches a
+//! session of its own (not a transaction pooler's, where LISTEN and the relay's session-level
+//! advisory locks silently fail), and whether the role has what `run` needs.
+
+use super::PgConnect;
+use crate::config::TableName;
+use crate::schema::render;
+use std::time::Duration;
+use tokio_postgres::Client;
+
+/// What one probe found: passed (with what it saw), or failed (with why).
+pub type Probe = Result<String, String>;
+
+const PRIVILEGES: &str = include_str!("../../sql/queries/check_privileges.sql");
+
+/// How long a second connection's transaction may keep the first from getting a backend: past
+/// it, the first waits for a server connection a pooler has lent out.
+const POOL_WAIT: Duration = Duration::from_secs(3);
+
+async fn backend_pid(client: &Client) -> Result<i32, String> {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| super::describe(&e))
+}
+
+/// A transaction pooler (PgBouncer's `pool_mode = transaction`, and others) lends each client
+/// a server session per transaction. Seen from the client: a second connection's transaction,
+/// opened after the first connection's statement, runs on the backend that statement ran on
+/// (the pooler hands out the server connection just released), and while it is open the first
+/// connection's next statement runs on another backend, or waits. Directly on PostgreSQL (or
+/// through a session pooler) each connection keeps its own backend.
+pub async fn not_a_transaction_pooler(pg: &PgConnect, first: &Client) -> Probe {
+    let pid = backend_pid(first).await?;
+    let (second, conn) = super::connect_dedicated(pg)
+        .await
+        .map_err(|e| format!("a second connection failed: {}", super::describe(&e)))?;
+    let driver = tokio::spawn(conn);
+    let verdict = async {
+        second.batch_execute("BEGIN").await.map_err(|e| {
+            format!(
+                "BEGIN failed (a statement pooler?): {}",
+                super::describe(&e)
+            )
+        })?;
+        let second_pid = backend_pid(&second).await?;
+        if second_pid == pid {
+            return Err(format!(
+                "two connections ran on one PostgreSQL session (backend pid {pid}): a \
+                 transaction pooler is in between; point the relay at PostgreSQL itself or a \
+                 session-mode pool"
+            ));
+        }
+        match tokio::time::timeout(POOL_WAIT, backend_pid(first)).await {
+            Ok(Ok(again)) if again == pid => {
+                Ok(format!("a session of its own (backend pid {pid})"))
+            }
+            Ok(Ok(again)) => Err(format!(
+                "the connection moved from backend pid {pid} to {again} between transactions: \
+                 a transaction pooler is in between; point the relay at PostgreSQL itself or a \
+                 session-mode pool"
+            )),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!(
+                "the connection waited {}s for a server session while another connection's \
+                 transaction was open: a transaction pooler is in between",
+                POOL_WAIT.as_secs()
+            )),
+        }
+    }
+    .await;
+    let _ = second.batch_execute("ROLLBACK").await;
+    drop(second);
+    let _ = driver.await;
+    verdict
+}
+
+/// The grants `run` needs (sql/roles.sql), a writable primary, and LISTEN.
+pub async fn privileges(client: &Client, table: &TableName) -> Probe {
+    let row = client
+        .query_one(
+            &render(PRIVILEGES, table),
+            &[&table.as_str(), &format!("{table}_leader")],
+        )
+        .await
+        .map_err(|e| super::describe(&e))?;
+    let get = |name: &str| row.try_get::<_, bool>(name).unwrap_or(false);
+    let role: String = row.try_get("role").unwrap_or_default();
+    if get("standby") {
+        return Err("the server is a standby (in recovery): connect to the primary".into());
+    }
+    if get("read_only") {
+        return Err(format!(
+            "default_transaction_read_only is on for {role}: the relay marks rows delivered"
+        ));
+    }
+    let mut missing = Vec::new();
+    if !get("select_outbox") {
+        missing.push(format!("SELECT on {table}"));
+    }
+    if !get("update_delivery_columns") {
+        missing.push(format!(
+            "UPDATE (processed_at, failed_at, attempts, last_error) on {table}"
+        ));
+    }
+    if !get("use_leader") {
+        missing.push(format!("SELECT, INSERT, UPDATE on {table}_leader"));
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "{role} lacks {}: GRANT {table}_relay TO {role} (see `fga-relay sql --roles`)",
+            missing.join(", ")
+        ));
+    }
+    // LISTEN needs no grant, but fails where the relay could not work (a standby, a pooler
+    // that refuses it).
+    client
+        .batch_execute(&format!("LISTEN {table}; UNLISTEN {table}"))
+        .await
+        .map_err(|e| format!("LISTEN failed: {}", super::describe(&e)))?;
+    Ok(format!(
+        "{role} may read {table}, mark rows, lead ({table}_leader) and LISTEN"
+    ))
+}
