@@ -2,7 +2,7 @@
 
 use crate::args::Sizes;
 use crate::burndown::{RowState, rows_sql};
-use crate::common::fga::{FakeFga, STORE_ID};
+use crate::common::fga::Fga;
 use crate::harness::Bench;
 use crate::latency::{LatencyResult, measure_latency};
 use anyhow::{Result, bail};
@@ -17,12 +17,13 @@ use tokio_util::sync::CancellationToken;
 pub(crate) async fn baseline_drainer(
     db_url: String,
     fga_url: String,
+    store_id: String,
     stop: CancellationToken,
 ) -> Result<usize> {
     let (client, conn) = tokio_postgres::connect(&db_url, NoTls).await?;
     let driver = tokio::spawn(conn);
     let http = reqwest::Client::new();
-    let url = format!("{fga_url}/stores/{STORE_ID}/write");
+    let url = format!("{fga_url}/stores/{store_id}/write");
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut sent = 0usize;
     'ticks: loop {
@@ -86,11 +87,12 @@ impl Bench {
     pub(crate) async fn baseline(&self, sizes: &Sizes) -> Result<BaselineResult> {
         // Latency.
         self.truncate().await?;
-        let fga = FakeFga::start();
+        let fga = Fga::start();
         let stop = CancellationToken::new();
         let drainer = tokio::spawn(baseline_drainer(
             self.db.url().to_owned(),
             fga.url(),
+            fga.store_id().to_owned(),
             stop.clone(),
         ));
         let latency = measure_latency(&self.db, &fga, "bl", sizes, Duration::from_secs(30)).await?;
@@ -106,12 +108,13 @@ impl Bench {
         self.admin
             .batch_execute("ANALYZE fga_outbox; CHECKPOINT")
             .await?;
-        let fga = FakeFga::start();
+        let fga = Fga::start();
         let stop = CancellationToken::new();
         let t0 = Instant::now();
         let drainer = tokio::spawn(baseline_drainer(
             self.db.url().to_owned(),
             fga.url(),
+            fga.store_id().to_owned(),
             stop.clone(),
         ));
         let done = self

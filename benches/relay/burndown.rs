@@ -1,7 +1,7 @@
 //! Scenario: a backlog burnt down by a warm relay (optionally profiled with `perf`).
 
 use crate::args::Sizes;
-use crate::common::fga::FakeFga;
+use crate::common::fga::Fga;
 use crate::cpu::CpuUse;
 use crate::harness::Bench;
 use anyhow::{Context, Result, bail};
@@ -151,7 +151,7 @@ impl Bench {
     /// the backlog is inserted, analysed and EXPLAINed, and the clock starts at SIGCONT: the
     /// notification of the backlog's commit is waiting for it then.
     pub(crate) async fn burn(&self, n: usize, tag: &str) -> Result<BurnDown> {
-        self.burn_with(n, tag, &FakeFga::start(), &[]).await
+        self.burn_with(n, tag, &Fga::start(), &[]).await
     }
 
     /// As [`Bench::burn`], against this stand-in, with `extra` environment for the relay.
@@ -159,7 +159,7 @@ impl Bench {
         &self,
         n: usize,
         tag: &str,
-        fga: &FakeFga,
+        fga: &Fga,
         extra: &[(&str, &str)],
     ) -> Result<BurnDown> {
         let relay = self.start_relay(fga, extra).await?;

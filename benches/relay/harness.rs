@@ -4,7 +4,7 @@
 
 use crate::args::{Args, Sizes};
 use crate::common;
-use crate::common::fga::{FakeFga, STORE_ID};
+use crate::common::fga::Fga;
 use crate::common::pg::{PgOptions, TestDb};
 use crate::common::relay::RelayProc;
 use crate::cpu::{CpuSnap, loadavg, proc_stat};
@@ -99,15 +99,11 @@ impl Bench {
     /// Starts `fga-relay run` with production settings (the defaults: sweep 30 s, heartbeat
     /// 5 s, batch 500, info logs), `extra` and `--relay-env` on top, and waits until it leads
     /// and has settled into waiting for notifications.
-    pub(crate) async fn start_relay(
-        &self,
-        fga: &FakeFga,
-        extra: &[(&str, &str)],
-    ) -> Result<RelayProc> {
+    pub(crate) async fn start_relay(&self, fga: &Fga, extra: &[(&str, &str)]) -> Result<RelayProc> {
         let mut c = self.relay_command("run");
         c.env("DATABASE_URL", &self.relay_url)
             .env("FGA_API_URL", fga.url())
-            .env("FGA_STORE_ID", STORE_ID)
+            .env("FGA_STORE_ID", fga.store_id())
             .env("FGA_RELAY_HTTP_ADDR", "off")
             .env("RUST_LOG", "info");
         for (k, v) in extra {

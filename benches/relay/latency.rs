@@ -2,7 +2,7 @@
 //! (commit → a plain LISTENer).
 
 use crate::args::Sizes;
-use crate::common::fga::FakeFga;
+use crate::common::fga::Fga;
 use crate::common::pg::TestDb;
 use crate::harness::Bench;
 use crate::stats::Dist;
@@ -68,7 +68,7 @@ pub(crate) async fn commit_steadily(
 }
 
 /// When the stand-in first received each user's tuple in an accepted Write.
-pub(crate) fn receipts(fga: &FakeFga) -> HashMap<String, Instant> {
+pub(crate) fn receipts(fga: &Fga) -> HashMap<String, Instant> {
     let mut m = HashMap::new();
     for w in fga.writes() {
         if w.status != 200 {
@@ -93,7 +93,7 @@ pub(crate) fn receipts(fga: &FakeFga) -> HashMap<String, Instant> {
 /// Runs a latency measurement against whatever delivers (relay or baseline drainer).
 pub(crate) async fn measure_latency(
     db: &TestDb,
-    fga: &FakeFga,
+    fga: &Fga,
     tag: &str,
     sizes: &Sizes,
     patience: Duration,
@@ -150,7 +150,7 @@ pub(crate) async fn measure_latency(
 
 /// Waits until the stand-in holds `user viewer object`.
 pub(crate) async fn wait_for_tuple(
-    fga: &FakeFga,
+    fga: &Fga,
     user: &str,
     object: &str,
     patience: Duration,
@@ -214,7 +214,7 @@ impl Bench {
         self.truncate().await?;
         let floor =
             notify_floor(&self.db, sizes.latency_commits.min(500), sizes.latency_rate).await?;
-        let fga = FakeFga::start();
+        let fga = Fga::start();
         let relay = self.start_relay(&fga, &[]).await?;
         let cpu0 = self.cpu(Some(relay.pid())).await?;
         let mut r = measure_latency(&self.db, &fga, "lat", sizes, Duration::from_secs(10)).await?;

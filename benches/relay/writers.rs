@@ -3,7 +3,7 @@
 
 use crate::args::Sizes;
 use crate::common;
-use crate::common::fga::FakeFga;
+use crate::common::fga::Fga;
 use crate::cpu::CpuUse;
 use crate::harness::Bench;
 use crate::pgbench::{PGBENCH_SCRIPT, pgbench, pgbench_path, pgbench_tps};
@@ -141,7 +141,7 @@ impl Bench {
     ) -> Result<OneRun> {
         self.truncate().await?;
         self.set_trigger(kind).await?;
-        let fga = FakeFga::start();
+        let fga = Fga::start();
         let relay = match relay {
             Some(extra) => {
                 let mut env = vec![

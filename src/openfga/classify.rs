@@ -214,6 +214,9 @@ pub fn classify(
         }
         (400, "validation_error")
             if message.contains("WriteRequest.StoreId")
+                // The store's model (the latest, or the one FGA_MODEL_ID pins) is one this
+                // OpenFGA cannot use: every Write would fail alike, whatever its rows.
+                || message.contains("invalid authorization model encountered")
                 || message.contains("WriteRequest.AuthorizationModelId")
                 || message.contains("invalid schema version")
                 || message.contains("invalid on_duplicate option")

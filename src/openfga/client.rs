@@ -27,6 +27,8 @@ pub struct FgaClient {
     credentials: Credentials,
     /// The deadline of one whole Write call: token, request and the retry after a 401.
     write_deadline: Duration,
+    /// When the store was last found to exist (see `store::FgaClient::store_still_exists`).
+    pub(super) store_seen: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl FgaClient {
@@ -80,6 +82,7 @@ impl FgaClient {
             model_id: settings.model_id.clone(),
             credentials: Credentials::new(settings.auth.clone()),
             write_deadline: settings.request_timeout,
+            store_seen: std::sync::Mutex::new(None),
         })
     }
 
@@ -135,6 +138,7 @@ impl FgaClient {
 
     async fn write_unbounded(&self, ops: &[&Op], window: &SendWindow) -> Result<(), WriteError> {
         let store_id = self.request_store_id().await?;
+        self.store_still_exists(store_id).await?;
         let url = self.url(&format!("/stores/{store_id}/write"));
         let body = write_body(ops, self.model_id.as_deref());
         let (status, retry_after, answer) = self.post_json(url, body, Some(window)).await?;

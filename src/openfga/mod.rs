@@ -1,9 +1,10 @@
-//! The OpenFGA HTTP client: Write and Read (and the store check at start), and what every
+//! The OpenFGA HTTP client: Write and Read (and the store checks), and what every
 //! answer means.
 //!
 //! - `client`: the HTTP client, the Write and Read calls, the deadline of one whole Write.
 //! - `auth`: the preshared token, or OIDC client-credentials tokens and their cache.
-//! - `store`: the store id, resolved from a name once; the check at start that it exists.
+//! - `store`: the store id, resolved from a name once; the check that it exists, at start and
+//!   every few seconds while the relay writes (a deleted store still answers Writes).
 //! - `probe`: what `fga-relay check` asks, changing nothing (answers, credentials, store, model).
 //! - `classify`: what each answer means ([`WriteError`], [`FailureClass`]).
 //! - `write_body`, `read_page`: what a Write sends and what a Read answers; `guarded_body`: a

@@ -1,10 +1,16 @@
 //! Which store the relay writes to: an id as given, or a name resolved through ListStores once;
-//! and the check at start that it exists.
+//! the check at start that it exists, and the same check again while it writes.
 
 use super::classify::{ErrorBody, WriteError, excerpt};
 use super::client::FgaClient;
 use crate::config::{ConfigError, StoreRef};
 use serde::Deserialize;
+use std::time::{Duration, Instant};
+
+/// How often a relay that writes asks again whether its store exists. OpenFGA deletes a store
+/// softly: Writes to a deleted store are still answered 200 and land nowhere anyone reads, so
+/// only GetStore tells. At most this long of a relay's Writes can go to a deleted store.
+const STORE_CHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// Why the store could not be checked at start.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +136,34 @@ impl FgaClient {
             "GET /stores/{id} answered {status}: {}",
             excerpt(&body)
         )))
+    }
+
+    /// Whether the store still exists, asked at most every [`STORE_CHECK_EVERY`] while the relay
+    /// writes. A store found missing is a configuration error, which holds delivery (no row is
+    /// struck for it) until the store exists again; it is asked again before every Write
+    /// meanwhile. An OpenFGA that cannot answer GetStore is no reason to hold: the Write will
+    /// tell what it can.
+    pub(super) async fn store_still_exists(&self, id: &str) -> Result<(), WriteError> {
+        let fresh =
+            |seen: &Option<Instant>| seen.is_some_and(|at| at.elapsed() < STORE_CHECK_EVERY);
+        if fresh(&self.store_seen.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(());
+        }
+        match self.preflight().await {
+            Ok(_) => {
+                *self.store_seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                Ok(())
+            }
+            Err(PreflightError::Config(_)) => Err(WriteError::Configuration {
+                status: 404,
+                code: "store_id_not_found".into(),
+                message: format!(
+                    "OpenFGA store {id} no longer exists (deleted?): delivery is held until it \
+                     exists again or the relay is pointed at another store"
+                ),
+            }),
+            Err(PreflightError::Unavailable(_)) => Ok(()),
+        }
     }
 
     /// The store id for a request; a store that cannot be resolved is classified as a Write's

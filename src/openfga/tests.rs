@@ -203,6 +203,19 @@ fn answers_are_classified_as_openfga_means_them() {
         .class(),
         FailureClass::Configuration
     );
+    // A stored model this OpenFGA cannot use fails every Write alike: never the rows' fault.
+    assert_eq!(
+        c(
+            400,
+            body(
+                "validation_error",
+                "invalid authorization model encountered: the relation type 'usez' on 'viewer' \
+                 in object type 'document' is not valid"
+            )
+        )
+        .class(),
+        FailureClass::Configuration
+    );
     assert!(matches!(
         c(400, b"<html>bad gateway</html>".to_vec()),
         WriteError::Unexpected { .. }

@@ -1,7 +1,7 @@
 //! Running the real `fga-relay` binary against a test database and the OpenFGA stand-in: as a
 //! daemon (`run`, killed or stopped like a real process) or as a one-shot command.
 
-use super::fga::FakeFga;
+use super::fga::Fga;
 use super::pg::TestDb;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -23,21 +23,21 @@ pub const README_TUPLES: [(&str, &str, &str); 2] = [
 /// A database with the schema migrated, and an OpenFGA stand-in.
 pub struct Env {
     pub db: TestDb,
-    pub fga: FakeFga,
+    pub fga: Fga,
 }
 
 impl Env {
     /// A migrated database and a default stand-in.
     pub async fn start() -> Env {
-        Env::with_fga(FakeFga::start()).await
+        Env::with_fga(Fga::start()).await
     }
 
-    pub async fn with_fga(fga: FakeFga) -> Env {
+    pub async fn with_fga(fga: Fga) -> Env {
         Env::with(TestDb::start(), fga).await
     }
 
     /// This database, migrated, and this stand-in.
-    pub async fn with(db: TestDb, fga: FakeFga) -> Env {
+    pub async fn with(db: TestDb, fga: Fga) -> Env {
         let env = Env { db, fga };
         let out = env.command(&["migrate"]).output().expect("run migrate");
         assert_success(&out, "fga-relay migrate");
@@ -51,7 +51,7 @@ impl Env {
         [
             ("DATABASE_URL", self.db.url().to_owned()),
             ("FGA_API_URL", self.fga.url()),
-            ("FGA_STORE_ID", super::fga::STORE_ID.to_owned()),
+            ("FGA_STORE_ID", self.fga.store_id().to_owned()),
             ("FGA_RELAY_SWEEP_INTERVAL", "1h".to_owned()),
             ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s".to_owned()),
             // A short lease, so that a new leader after a crash waits seconds, not half a
@@ -258,7 +258,7 @@ pub async fn insert_text(
 }
 
 /// The Writes OpenFGA accepted (status 200), in arrival order.
-pub fn accepted_writes(fga: &super::fga::FakeFga) -> Vec<super::fga::WriteRecord> {
+pub fn accepted_writes(fga: &super::fga::Fga) -> Vec<super::fga::WriteRecord> {
     fga.writes()
         .into_iter()
         .filter(|w| w.status == 200)
@@ -476,7 +476,7 @@ pub fn write_tuple_keys(body: &serde_json::Value) -> Vec<String> {
 
 /// Asserts that no two Writes in flight at the same time (each received before the other was
 /// answered) name the same tuple; returns how many pairs of Writes were in flight together.
-pub fn assert_no_tuple_in_two_writes_in_flight(fga: &super::fga::FakeFga) -> usize {
+pub fn assert_no_tuple_in_two_writes_in_flight(fga: &super::fga::Fga) -> usize {
     let all: Vec<_> = fga
         .writes()
         .into_iter()

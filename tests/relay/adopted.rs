@@ -2,7 +2,7 @@
 //! types. Whatever it allows, a row is delivered or dead-lettered and the rest flows; what the
 //! relay cannot read at all is refused at once, with the fix.
 
-use crate::common::fga::FakeFga;
+use crate::common::fga::Fga;
 use crate::common::relay::{Env, insert_with, tk, writes};
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ async fn a_row_with_a_null_created_at_in_an_adopted_table_does_not_stop_delivery
             )
             .await
             .unwrap();
-        let env = Env::with(db, FakeFga::start()).await;
+        let env = Env::with(db, Fga::start()).await;
         let odd = client
             .query_one(
                 &format!(
@@ -84,7 +84,7 @@ async fn an_adopted_table_with_a_serial_id_is_refused_naming_the_column() {
         .unwrap();
     let env = Env {
         db,
-        fga: FakeFga::start(),
+        fga: Fga::start(),
     };
     let out = env.command(&["migrate"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);

@@ -1,7 +1,7 @@
 //! `fga-relay check`, the preflight, and `migrate --check`, the deploy gate: each exit path,
 //! and each check failing on what it is there to find.
 
-use crate::common::fga::FakeFga;
+use crate::common::fga::Fga;
 use crate::common::pg::TestDb;
 use crate::common::pgbouncer::PgBouncer;
 use crate::common::relay::{Env, assert_success};
@@ -100,7 +100,7 @@ async fn openfga_down_refusing_credentials_or_without_store_or_model_exits_1() {
     assert!(rest.contains("01HZZZZZZZZZZZZZZZZZZZZZZZ"), "{out}");
 
     // Credentials refused.
-    let env = Env::with_fga(FakeFga::builder().preshared_key("right").start()).await;
+    let env = Env::with_fga(Fga::builder().preshared_key("right").start()).await;
     let (code, out) = check(&env, &[("FGA_API_TOKEN", "wrong")]);
     assert_eq!(code, Some(1), "{out}");
     let (verdict, rest) = line(&out, "openfga");
@@ -111,7 +111,7 @@ async fn openfga_down_refusing_credentials_or_without_store_or_model_exits_1() {
     assert_eq!(code, Some(0), "{out}");
 
     // A store without a model, and a model id the store does not have.
-    let env = Env::with_fga(FakeFga::builder().no_model().start()).await;
+    let env = Env::with_fga(Fga::builder().no_model().start()).await;
     let (code, out) = check(&env, &[]);
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(line(&out, "store").0, "ok", "{out}");
@@ -209,7 +209,7 @@ async fn a_role_without_the_grants_fails_the_privileges_check() {
 /// cannot fix; `check` says the same in its schema line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_check_exits_1_when_migrate_would_change_something() {
-    let env = Env::with(TestDb::start(), FakeFga::builder().start()).await;
+    let env = Env::with(TestDb::start(), Fga::builder().start()).await;
     let gate = || {
         let out = env.command(&["migrate", "--check"]).output().unwrap();
         (out.status.code(), stdout_of(&out))

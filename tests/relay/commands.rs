@@ -40,7 +40,7 @@ async fn migrate_adopts_an_existing_table_keeps_its_rows_and_they_are_delivered(
         )
         .await
         .unwrap();
-    let fga = crate::common::fga::FakeFga::start();
+    let fga = crate::common::fga::Fga::start();
     // Env::with_fga runs migrate on a fresh database; here the database already has the table.
     let env = Env { db, fga };
     // Twice, and two at once: idempotent and safe concurrently.
@@ -84,7 +84,7 @@ async fn migrate_has_the_table_vacuumed_in_step_with_deliveries() {
         settings: vec![("autovacuum_naptime".into(), "1s".into())],
         ..PgOptions::default()
     });
-    let env = Env::with(db, crate::common::fga::FakeFga::start()).await;
+    let env = Env::with(db, crate::common::fga::Fga::start()).await;
     let client = env.db.connect().await;
     client
         .batch_execute(
@@ -172,7 +172,7 @@ async fn migrate_keeps_an_operators_own_autovacuum_setting() {
         .unwrap();
     let env = Env {
         db,
-        fga: crate::common::fga::FakeFga::start(),
+        fga: crate::common::fga::Fga::start(),
     };
     for _ in 0..2 {
         assert_success(&env.command(&["migrate"]).output().unwrap(), "migrate");
@@ -213,7 +213,7 @@ async fn the_printed_sql_creates_a_schema_the_relay_accepts() {
         .unwrap();
     let env = Env {
         db,
-        fga: crate::common::fga::FakeFga::start(),
+        fga: crate::common::fga::Fga::start(),
     };
     // Nothing left for `migrate` to do (the version is recorded too).
     assert_success(

@@ -1,6 +1,6 @@
 //! What reaches OpenFGA, and how.
 
-use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
     Env, README_TUPLES, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success,
@@ -148,7 +148,7 @@ async fn delivering_the_same_row_twice_leaves_openfga_unchanged() {
 /// that counts as success for the tuple, and the rest of the Write still goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_openfga_answering_duplicate_counts_as_delivered() {
-    let env = Env::with_fga(FakeFga::builder().legacy().start()).await;
+    let env = Env::with_fga(Fga::builder().legacy().start()).await;
     env.fga.insert_tuple(crate::common::fga::StoredTuple::new(
         "user:anne",
         "viewer",

@@ -3,7 +3,7 @@
 //! a drain at once. Each test checks that no row is lost, none is left claimed, and OpenFGA ends
 //! in the state the outbox says.
 
-use crate::common::fga::{FakeFga, Fault, FaultRule, Model};
+use crate::common::fga::{Fault, FaultRule, Fga, Model};
 use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{
@@ -46,7 +46,7 @@ pub(crate) async fn fill(env: &Env, n: i64) -> BTreeMap<String, bool> {
 }
 
 /// Asserts that OpenFGA holds exactly the tuples `expected` says are present.
-fn assert_final_state(fga: &FakeFga, expected: &BTreeMap<String, bool>) {
+fn assert_final_state(fga: &Fga, expected: &BTreeMap<String, bool>) {
     let held: std::collections::BTreeSet<String> = fga
         .tuples()
         .iter()
@@ -66,7 +66,7 @@ fn assert_final_state(fga: &FakeFga, expected: &BTreeMap<String, bool>) {
 }
 
 /// Operations OpenFGA accepted beyond the outbox's own: deliveries made twice.
-fn duplicate_operations(fga: &FakeFga, outbox_ops: usize) -> usize {
+fn duplicate_operations(fga: &Fga, outbox_ops: usize) -> usize {
     let accepted: usize = accepted_writes(fga)
         .iter()
         .map(|w| {
@@ -158,7 +158,7 @@ async fn kill_9_at_random_moments_of_a_5000_row_drain_loses_nothing() {
 }
 
 /// Tuple operations in the Writes OpenFGA accepted.
-fn accepted_operations(fga: &FakeFga) -> i64 {
+fn accepted_operations(fga: &Fga) -> i64 {
     accepted_writes(fga)
         .iter()
         .map(|w| {
@@ -556,7 +556,7 @@ async fn grants_and_revokes_keep_their_order_through_faults_two_relays_and_a_dra
 /// For each tuple, the index (among the rows on that tuple, in id order) of every operation
 /// OpenFGA accepted, in the order it accepted them, never runs ahead of the ones before it:
 /// each is at most one past the highest applied so far.
-pub(crate) fn assert_applied_in_id_order(fga: &FakeFga, plan: &[(usize, bool)]) {
+pub(crate) fn assert_applied_in_id_order(fga: &Fga, plan: &[(usize, bool)]) {
     let mut index_on_tuple = Vec::with_capacity(plan.len());
     let mut counts: HashMap<usize, usize> = HashMap::new();
     for (k, _) in plan {
@@ -860,7 +860,7 @@ async fn a_redirect_is_not_followed_and_names_its_location() {
     let location = format!(
         "http://{}/stores/{}/write",
         elsewhere.local_addr().unwrap(),
-        crate::common::fga::STORE_ID
+        env.fga.store_id()
     );
     env.fga.push_fault(FaultRule::once(Fault::Redirect {
         status: 307,
@@ -1241,7 +1241,7 @@ async fn a_row_sent_in_parts_is_not_dead_lettered_because_a_part_is_too_large() 
     let model = Model::default()
         .with_relation("document", "viewer", &["user with big"])
         .with_condition("big", &["note"]);
-    let env = Env::with_fga(FakeFga::builder().model(model).start()).await;
+    let env = Env::with_fga(Fga::builder().model(model).start()).await;
     let note = "n".repeat(7_000);
     let tuples: Vec<_> = (0..150)
         .map(|i| {

@@ -5,7 +5,7 @@
 //! applications do not break delivery; small liveness gaps (a writer's long transaction, rows
 //! another session holds, `retry`, `drain` failing) do not stall or spin.
 
-use crate::common::fga::{FakeFga, Fault, FaultRule, Op};
+use crate::common::fga::{Fault, FaultRule, Fga, Op};
 use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
 use crate::common::proxy::FreezingProxy;
 use crate::common::relay::{
@@ -55,7 +55,7 @@ async fn end_sessions(env: &Env, name: &str) {
 }
 
 /// Waits until OpenFGA has received at least `n` Writes, whatever became of them.
-async fn wait_for_writes(fga: &FakeFga, n: usize, what: &str) {
+async fn wait_for_writes(fga: &Fga, n: usize, what: &str) {
     wait_until(PROMPTLY, what, || {
         let got = fga.write_count();
         async move { got >= n }
@@ -64,7 +64,7 @@ async fn wait_for_writes(fga: &FakeFga, n: usize, what: &str) {
 }
 
 /// Asserts that the relay given preshared key `key` sent no Write received after `since`.
-fn assert_sent_nothing_after(fga: &FakeFga, key: &str, since: Instant) {
+fn assert_sent_nothing_after(fga: &Fga, key: &str, since: Instant) {
     let late: Vec<_> = writes_by(fga, key)
         .into_iter()
         .filter(|w| w.received_at > since)
@@ -78,7 +78,7 @@ fn assert_sent_nothing_after(fga: &FakeFga, key: &str, since: Instant) {
 }
 
 /// Waits until the relay given preshared key `key` has sent `n` Writes, then stops it (SIGSTOP).
-async fn stop_after_writes(fga: &FakeFga, relay: &RelayProc, key: &str, n: usize) {
+async fn stop_after_writes(fga: &Fga, relay: &RelayProc, key: &str, n: usize) {
     wait_until(PROMPTLY, "the leader is in the middle of the page", || {
         let sent = writes_by(fga, key).len();
         async move { sent >= n }
@@ -88,7 +88,7 @@ async fn stop_after_writes(fga: &FakeFga, relay: &RelayProc, key: &str, n: usize
 }
 
 /// The Writes a relay sent, told apart by the preshared key it was given.
-fn writes_by(fga: &FakeFga, key: &str) -> Vec<crate::common::fga::WriteRecord> {
+fn writes_by(fga: &Fga, key: &str) -> Vec<crate::common::fga::WriteRecord> {
     let bearer = format!("Bearer {key}");
     fga.writes()
         .into_iter()
@@ -101,7 +101,7 @@ fn writes_by(fga: &FakeFga, key: &str) -> Vec<crate::common::fga::WriteRecord> {
 /// again and delivers rows inserted after the freeze within 30 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_relay_whose_connections_all_freeze_delivers_again_within_30s() {
-    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
     let proxy = proxy_for(&env).await;
     let url = tcp_url(proxy.port());
     let relay = env.spawn_relay(&[
@@ -137,7 +137,7 @@ async fn a_lone_relay_whose_connections_all_freeze_delivers_again_within_30s() {
 /// connections also go silent, so that on waking it cannot even see that it was replaced: only
 /// its own clock can stop it.
 async fn stopped_leader(freeze: bool) {
-    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
     let proxy = proxy_for(&env).await;
     let url = tcp_url(proxy.port());
     let slow = 1_000_000;
@@ -336,7 +336,7 @@ async fn server_timeouts_of_one_second_do_not_make_a_slow_page_be_sent_again() {
         ],
         ..PgOptions::default()
     });
-    let env = Env::with(db, FakeFga::start()).await;
+    let env = Env::with(db, Fga::start()).await;
     env.fga.push_fault(FaultRule::times(
         Fault::Delay(Duration::from_millis(1500)),
         3,
@@ -406,7 +406,7 @@ async fn a_long_writer_transaction_does_not_make_the_relay_spin() {
         )],
         ..PgOptions::default()
     });
-    let env = Env::with(db, FakeFga::start()).await;
+    let env = Env::with(db, Fga::start()).await;
     let admin = env.db.connect().await;
     admin
         .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -576,7 +576,7 @@ async fn a_write_call_with_its_token_fetch_runs_under_one_deadline() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let issuer = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let env = Env::with_fga(FakeFga::builder().accept_bearer(|t| t == "token").start()).await;
+    let env = Env::with_fga(Fga::builder().accept_bearer(|t| t == "token").start()).await;
     let relay = env.spawn_relay(&[
         ("FGA_CLIENT_ID", "relay"),
         ("FGA_CLIENT_SECRET", "secret"),
@@ -607,7 +607,7 @@ async fn a_write_call_with_its_token_fetch_runs_under_one_deadline() {
 /// own clock, which says its lease ran out, keeps it from sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_it_was_replaced() {
-    let env = Env::with(tcp_db(&[]), FakeFga::start()).await;
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
     let proxy = proxy_for(&env).await;
     let url = tcp_url(proxy.port());
     let timings = [

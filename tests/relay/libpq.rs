@@ -2,7 +2,7 @@
 //! leaves out and stand alone without it, in libpq's order, against a server that checks
 //! passwords; no password reaches a log line.
 
-use crate::common::fga::FakeFga;
+use crate::common::fga::Fga;
 use crate::common::pg::{PgOptions, TestDb};
 use crate::common::relay::{Env, tk, wait_until, writes};
 use std::os::unix::fs::PermissionsExt;
@@ -12,7 +12,7 @@ use std::time::Duration;
 pub(crate) const PASSWORD: &str = "pa:ss\\Word7";
 
 /// A cluster that checks passwords on TCP, with a role `relay` whose password is [`PASSWORD`].
-pub(crate) async fn password_checked(fga: FakeFga) -> (Env, u16) {
+pub(crate) async fn password_checked(fga: Fga) -> (Env, u16) {
     let db = TestDb::start_with(PgOptions {
         tcp: true,
         hba: vec![
@@ -79,7 +79,7 @@ pub(crate) fn write_private(path: &Path, contents: &str, mode: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_libpq_environment_stands_alone_and_fills_what_the_url_leaves_out() {
-    let (env, port) = password_checked(FakeFga::start()).await;
+    let (env, port) = password_checked(Fga::start()).await;
     let port_s = port.to_string();
     let all = [
         ("PGHOST", "127.0.0.1"),
@@ -169,7 +169,7 @@ async fn the_libpq_environment_stands_alone_and_fills_what_the_url_leaves_out() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_password_file_gives_the_password_only_when_none_was_given() {
-    let (env, port) = password_checked(FakeFga::start()).await;
+    let (env, port) = password_checked(Fga::start()).await;
     let home = std::env::temp_dir().join(format!("pgpass-home-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
     let escaped = PASSWORD.replace('\\', "\\\\").replace(':', "\\:");

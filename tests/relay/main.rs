@@ -13,6 +13,7 @@ mod leadership;
 mod libpq;
 mod listen;
 mod observability;
+mod openfga;
 mod payloads;
 mod reconcile;
 mod secret_files;

@@ -1,7 +1,7 @@
 //! `fga-relay reconcile`: the delivered rows against what OpenFGA holds; drift made behind the
 //! relay's back is found, repaired through the outbox, and then reported clean.
 
-use crate::common::fga::{FakeFga, StoredTuple};
+use crate::common::fga::{Fga, StoredTuple};
 use crate::common::relay::{Env, assert_success, deletes, tk, writes};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -497,7 +497,7 @@ async fn delivered_rows(env: &Env, from: i64, through: i64) {
 async fn a_large_outbox_reconciles_in_bounded_memory() {
     const SMALL: i64 = 1_000;
     const LARGE: i64 = 100_000;
-    let env = Env::with_fga(FakeFga::start()).await;
+    let env = Env::with_fga(Fga::start()).await;
     delivered_rows(&env, 1, SMALL).await;
     let (small, small_time, small_peak) = measured(&env);
     expect_code(&small, 0, "1,000 rows");

@@ -2,7 +2,7 @@
 //! and Kubernetes secrets) and systemd credentials (`$CREDENTIALS_DIRECTORY/database-url`, ...),
 //! against a server that checks passwords and an OpenFGA that checks the token.
 
-use crate::common::fga::FakeFga;
+use crate::common::fga::Fga;
 use crate::common::relay::{Env, accepted_writes, tk, writes};
 use crate::libpq::{PASSWORD, drain_without_url, password_checked, percent_encode, write_private};
 use std::path::Path;
@@ -26,7 +26,7 @@ async fn drain(env: &Env, vars: &[(&str, &str)]) -> (bool, Option<i32>, String) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_come_from_files_and_systemd_credentials() {
-    let fga = FakeFga::builder().accept_bearer(|t| t == TOKEN).start();
+    let fga = Fga::builder().accept_bearer(|t| t == TOKEN).start();
     let (env, port) = password_checked(fga).await;
     let dir = std::env::temp_dir().join(format!("secret-files-{}-{port}", std::process::id()));
     let creds = dir.join("credentials");

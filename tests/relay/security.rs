@@ -3,7 +3,7 @@
 //! credentials (a token issuer of the test's own), store names, and the least-privilege roles of
 //! `sql/roles.sql` (the relay and a writer logged in as those roles).
 
-use crate::common::fga::{FakeFga, STORE_NAME};
+use crate::common::fga::Fga;
 use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
 use crate::common::relay::{Env, RelayProc, assert_success, tk, wait_until, writes};
 use crate::common::tls::{Background, HttpsFront, TempDir, TestCa, bind_local};
@@ -81,7 +81,7 @@ impl TlsDb {
         let t = TlsDb {
             env: Env {
                 db,
-                fga: FakeFga::start(),
+                fga: Fga::start(),
             },
             ca,
             files,
@@ -510,9 +510,9 @@ impl TokenIssuer {
     }
 
     /// The stand-in, accepting exactly the tokens this issuer says are valid now.
-    fn fga(&self) -> FakeFga {
+    fn fga(&self) -> Fga {
         let state = self.state.clone();
-        FakeFga::builder()
+        Fga::builder()
             .accept_bearer(move |token| {
                 let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
                 let ok = s.valid.get(token).is_some_and(|exp| Instant::now() < *exp);
@@ -604,7 +604,7 @@ async fn oidc_token_is_fetched_once_and_sent() {
     let env = oidc_env(&issuer).await;
     let mut vars = issuer.vars(CLIENT_SECRET);
     vars.push(("FGA_STORE_ID", String::new()));
-    vars.push(("FGA_STORE_NAME", STORE_NAME.to_owned()));
+    vars.push(("FGA_STORE_NAME", env.fga.store_name().to_owned()));
     let relay = spawn_with(&env, &vars);
     relay.wait_for_log("OpenFGA store found").await;
     relay.wait_for_log("delivering (leader)").await;
@@ -768,7 +768,7 @@ async fn store_names_resolve_and_an_unknown_one_exits_2() {
     let out = env
         .command(&["drain", "--timeout", "20s"])
         .env_remove("FGA_STORE_ID")
-        .env("FGA_STORE_NAME", STORE_NAME)
+        .env("FGA_STORE_NAME", env.fga.store_name())
         .output()
         .unwrap();
     assert_success(&out, "drain with FGA_STORE_NAME");
@@ -804,7 +804,7 @@ const WAKE_LOCK_CLASS: i32 = 1_718_051_121;
 async fn roles_env() -> Env {
     let env = Env {
         db: TestDb::start_with(PgOptions::default()),
-        fga: FakeFga::start(),
+        fga: Fga::start(),
     };
     assert_success(
         &env.command(&["migrate"]).output().unwrap(),

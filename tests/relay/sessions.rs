@@ -4,7 +4,7 @@
 //! `drain` that loses a connection, two schemas' relays on one channel. Each test failed before
 //! its fix.
 
-use crate::common::fga::{FakeFga, Fault, FaultRule};
+use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::pg::{PROMPTLY, count};
 use crate::common::relay::{Env, accepted_writes, insert_with, tk, wait_until, writes};
 use std::collections::HashMap;
@@ -25,7 +25,7 @@ fn cpu_time(pid: u32) -> Duration {
 }
 
 /// Each tuple's operations as OpenFGA applied them, in order: "+" a write, "-" a delete.
-fn applied_per_tuple(fga: &FakeFga) -> HashMap<String, Vec<String>> {
+fn applied_per_tuple(fga: &Fga) -> HashMap<String, Vec<String>> {
     let mut out: HashMap<String, Vec<String>> = HashMap::new();
     for w in accepted_writes(fga) {
         for (p, sign) in [("writes", "+"), ("deletes", "-")] {
@@ -111,7 +111,7 @@ async fn fill(env: &Env, n: i64) -> HashMap<String, Vec<String>> {
 /// Asserts that each tuple's applied operations, repeats of the same operation in a row
 /// folded (at least once), are its operations in id order; returns the operations applied
 /// beyond the outbox's own.
-fn assert_order(fga: &FakeFga, expected: &HashMap<String, Vec<String>>) -> usize {
+fn assert_order(fga: &Fga, expected: &HashMap<String, Vec<String>>) -> usize {
     let applied = applied_per_tuple(fga);
     let mut extra = 0;
     for (k, want) in expected {
@@ -478,7 +478,7 @@ async fn drain_survives_one_lost_pooled_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_on_two_schemas_of_one_database_keep_apart() {
     let env = Env::start().await;
-    let fga_b = FakeFga::start();
+    let fga_b = Fga::start();
     let admin = env.db.connect().await;
     admin.batch_execute("CREATE SCHEMA b").await.unwrap();
     let url_b = role_with(&env, "relay_b", &["search_path = b"]).await;
@@ -493,6 +493,7 @@ async fn two_relays_on_two_schemas_of_one_database_keep_apart() {
     let relay_b = env.spawn_relay(&[
         ("DATABASE_URL", &url_b),
         ("FGA_API_URL", &fga_b.url()),
+        ("FGA_STORE_ID", fga_b.store_id()),
         ("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0"),
     ]);
     relay_b.wait_for_log("delivering (leader)").await;

@@ -97,7 +97,7 @@ async fn a_missing_table_says_to_run_migrate() {
     let out = Command::new(BIN)
         .args(["run"])
         .env("DATABASE_URL", db.url())
-        .env("FGA_STORE_ID", crate::common::fga::STORE_ID)
+        .env("FGA_STORE_ID", "01HZZZZZZZZZZZZZZZZZZZZZZZ")
         .env("FGA_RELAY_HTTP_ADDR", "off")
         .output()
         .unwrap();
@@ -144,7 +144,7 @@ async fn openfga_down_at_start_is_not_bad_configuration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_never_reach_the_logs() {
     let env = Env::with_fga(
-        crate::common::fga::FakeFga::builder()
+        crate::common::fga::Fga::builder()
             .preshared_key("s3cret-token")
             .start(),
     )
@@ -191,7 +191,7 @@ async fn a_relay_started_before_postgres_waits_for_it() {
 /// and never puts it in any log line, at any level: the logs say where, not how.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_form_of_database_url_puts_its_password_in_a_log_line() {
-    let (env, port) = crate::libpq::password_checked(crate::common::fga::FakeFga::start()).await;
+    let (env, port) = crate::libpq::password_checked(crate::common::fga::Fga::start()).await;
     let admin = env.db.connect().await;
     let base = format!("host=127.0.0.1 port={port} user=relay dbname=postgres");
     // (DATABASE_URL, the password the server knows, what must never be logged)

@@ -154,11 +154,7 @@ async fn the_first_delivery_is_said_at_info_in_plain_words() {
     assert_eq!(field(said[0], "trigger"), Some("notification"), "{logs}");
     assert!(said[0].contains(" INFO "), "{logs}");
     let start = lines(&logs, "fga-relay starting");
-    assert_eq!(
-        field(start[0], "store"),
-        Some(crate::common::fga::STORE_ID),
-        "{logs}"
-    );
+    assert_eq!(field(start[0], "store"), Some(env.fga.store_id()), "{logs}");
     for debug_name in ["Id(", "Name(", "Some(", "Notification", "Sweep", "Connect"] {
         assert!(!logs.contains(debug_name), "{debug_name} in {logs}");
     }
@@ -173,9 +169,5 @@ async fn the_first_delivery_is_said_at_info_in_plain_words() {
     assert_eq!(line.len(), 1, "{err}");
     assert_eq!(field(line[0], "since"), Some("1h"), "{err}");
     assert_eq!(field(line[0], "read_by"), Some("tuple"), "{err}");
-    assert_eq!(
-        field(line[0], "store"),
-        Some(crate::common::fga::STORE_ID),
-        "{err}"
-    );
+    assert_eq!(field(line[0], "store"), Some(env.fga.store_id()), "{err}");
 }

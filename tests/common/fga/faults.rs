@@ -1,11 +1,10 @@
-//! Faults a test injects into Write requests (not something OpenFGA does): which rule a request
-//! takes, and what each fault answers.
+//! Faults a test injects into Write requests through the proxy (what a real OpenFGA cannot be
+//! made to do on demand): which rule a request takes, and what each fault answers.
 
-use super::*;
 use std::time::Duration;
 
 /// A fault to inject into write requests. Rules are consumed in FIFO order: each write request
-/// that passed authentication takes the first rule that matches it and has `times > 0`.
+/// takes the first rule that matches it and has `times > 0`.
 #[derive(Clone, Debug)]
 pub struct FaultRule {
     pub fault: Fault,
@@ -47,7 +46,7 @@ pub enum Fault {
     /// has given up by then (as a server that already took the request would).
     Delay(Duration),
     /// Never answer, never apply. Ends when the connection is dropped: on `set_refusing(true)`
-    /// or when the `FakeFga` is dropped.
+    /// or when the `Fga` is dropped.
     Hang,
     /// Close the TCP connection without any HTTP response; nothing applied.
     #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
@@ -58,12 +57,15 @@ pub enum Fault {
         content_type: String,
         body: String,
     },
+    /// Pass the Write on (OpenFGA applies it), then answer the inner fault instead of
+    /// OpenFGA's answer: a server whose deadline or connection failed after it committed.
+    Applied(Box<Fault>),
     /// A redirect from something in front of OpenFGA (`Location: location`); nothing applied.
     #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
     Redirect { status: u16, location: String },
 }
 
-/// How long a write takes (see `FakeFga::set_latency`).
+/// How long a write takes (see `Fga::set_latency`).
 #[derive(Clone, Copy, Debug)]
 #[allow(dead_code)] // the bench uses it; the tests do not
 pub enum Latency {
@@ -74,7 +76,7 @@ pub enum Latency {
 }
 
 impl Latency {
-    fn draw(self) -> Duration {
+    pub(super) fn draw(self) -> Duration {
         match self {
             Latency::Fixed(d) => d,
             Latency::LongTail(median) => {
@@ -148,6 +150,21 @@ impl Fault {
         }
     }
 
+    /// OpenFGA's own request deadline (`--request-timeout`) ran out; the Write may have been
+    /// committed (wrap in [`Fault::Applied`] for that case).
+    pub fn deadline_exceeded() -> Fault {
+        Fault::status(504, "deadline_exceeded", "Request Deadline Exceeded")
+    }
+
+    /// The datastore throttled the request.
+    pub fn resource_exhausted() -> Fault {
+        Fault::status(
+            500,
+            "resource_exhausted",
+            "resource exhausted: the datastore is throttling requests",
+        )
+    }
+
     /// The concurrent-insert race: 409 with the literal code "Aborted".
     pub fn aborted() -> Fault {
         Fault::status(
@@ -158,41 +175,21 @@ impl Fault {
     }
 }
 
-impl Shared {
-    pub(super) fn take_fault(&self, req: &WriteReq<'_>) -> Option<Fault> {
-        let mut state = self.state();
-        let index = state.faults.iter().position(|rule| {
-            rule.times > 0
-                && rule.only_if_tuple.as_ref().is_none_or(|(u, r, o)| {
-                    req.all_keys()
-                        .any(|(user, relation, object)| user == u && relation == r && object == o)
-                })
-        });
-        let Some(index) = index else {
-            let latency = state.latency.map(|l| Fault::Delay(l.draw()));
-            let Some(random) = state.random.clone() else {
-                return latency;
-            };
-            let draw = fastrand::f64();
-            return if draw < random.internal {
-                Some(Fault::internal())
-            } else if draw < random.internal + random.rate_limited {
-                Some(Fault::Status {
-                    status: 429,
-                    code: "rate_limit_exceeded".to_owned(),
-                    message: "Rate Limit exceeded".to_owned(),
-                    retry_after: random.retry_after,
-                })
-            } else {
-                latency
-            };
-        };
-        let rule = &mut state.faults[index];
-        rule.times -= 1;
-        let fault = rule.fault.clone();
-        if rule.times == 0 {
-            state.faults.remove(index);
+impl RandomFaults {
+    /// This Write's fault, if the draw gives one.
+    pub(super) fn draw(&self) -> Option<Fault> {
+        let draw = fastrand::f64();
+        if draw < self.internal {
+            Some(Fault::internal())
+        } else if draw < self.internal + self.rate_limited {
+            Some(Fault::Status {
+                status: 429,
+                code: "rate_limit_exceeded".to_owned(),
+                message: "Rate Limit exceeded".to_owned(),
+                retry_after: self.retry_after.clone(),
+            })
+        } else {
+            None
         }
-        Some(fault)
     }
 }

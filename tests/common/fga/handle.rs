@@ -1,108 +1,134 @@
-//! The running stand-in as a test holds it: starting it, reading what it received, steering its
-//! faults, and stopping it.
+//! OpenFGA as a test holds it: a store of its own on a real server, the fault proxy the relay
+//! talks to, what the server holds and what the proxy passed on.
 
-use super::*;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-/// The running stand-in. Stops, and joins its thread, when dropped.
-pub struct FakeFga {
-    shared: Arc<Shared>,
+use super::api::{Api, Refused};
+use super::faults::{FaultRule, Latency, RandomFaults};
+use super::model::Model;
+use super::openfga::{Flavour, LEGACY, MODERN};
+use super::proxy::{BearerCheck, Proxy};
+use super::records::{Change, StoredTuple, WriteRecord};
+use super::server::{Control, accept_loop, bind_listener, rebind};
+
+/// OpenFGA's default `maxTuplesPerWrite`.
+pub const DEFAULT_MAX_TUPLES_PER_WRITE: usize = 100;
+
+static STORES: AtomicUsize = AtomicUsize::new(0);
+
+/// A test's OpenFGA: its own store (with a model) on a shared real server, behind a fault proxy
+/// of its own. Stops the proxy when dropped.
+pub struct Fga {
+    /// Kept so that a server of this test's own lives as long as the store.
+    _server: Arc<super::openfga::Server>,
+    api: Api,
+    store_id: String,
+    store_name: String,
+    model_id: Option<String>,
+    version: &'static str,
+    proxy: Arc<Proxy>,
     addr: SocketAddr,
     control: tokio::sync::mpsc::UnboundedSender<Control>,
     thread: Option<std::thread::JoinHandle<()>>,
     refusing: Mutex<bool>,
 }
 
-pub struct FakeFgaBuilder {
-    auth: Auth,
-    max_tuples_per_write: usize,
-    legacy: bool,
+pub struct FgaBuilder {
+    flavour: Flavour,
+    bearer: Option<BearerCheck>,
     model: Option<Model>,
 }
 
-impl FakeFgaBuilder {
-    /// Requires `Authorization: Bearer <key>` on every route except `/healthz`. May be given
-    /// several times: any of the keys is accepted, as with `--authn-preshared-keys`.
+impl FgaBuilder {
+    /// The server wants `Authorization: Bearer <key>` on every route except `/healthz`
+    /// (`--authn-method preshared`). May be given several times: any of the keys is accepted.
     pub fn preshared_key(mut self, key: &str) -> Self {
-        match &mut self.auth {
-            Auth::Preshared(keys) => keys.push(key.to_owned()),
-            _ => self.auth = Auth::Preshared(vec![key.to_owned()]),
-        }
+        self.flavour.preshared_keys.push(key.to_owned());
         self
     }
 
-    /// OIDC-like authentication: a bearer token is accepted iff `f(token)`. A rejected token
-    /// gets what OpenFGA's OIDC authenticator answers, 401 `invalid_claims`.
+    /// OIDC as a gateway in front of OpenFGA checks it: a bearer token is accepted iff
+    /// `f(token)`; a rejected one gets OpenFGA's OIDC answer, 401 `invalid_claims`. Played by
+    /// the proxy: a real OIDC setup needs an issuer whose signed tokens the test would mint.
     pub fn accept_bearer(mut self, f: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
-        self.auth = Auth::Bearer(Arc::new(f));
+        self.bearer = Some(Arc::new(f));
         self
     }
 
-    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
+    /// A server started with `--max-tuples-per-write n`.
     pub fn max_tuples_per_write(mut self, n: usize) -> Self {
-        self.max_tuples_per_write = n;
+        self.flavour.max_tuples_per_write = n;
         self
     }
 
-    /// A server older than 1.10: `on_duplicate` and `on_missing` are unknown fields, dropped
-    /// by `DiscardUnknown`, so both behave as "error".
+    /// OpenFGA before 1.10 (v1.9.5): no `on_duplicate` / `on_missing`, so a duplicate write or
+    /// a missing delete is an error.
     pub fn legacy(mut self) -> Self {
-        self.legacy = true;
+        self.flavour.version = LEGACY;
         self
     }
 
-    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
+    /// OpenFGA's PostgreSQL datastore at `url` (a libpq connection string), migrated first, on
+    /// a server of this test's own, instead of a shared server's memory datastore.
+    pub fn postgres(mut self, url: &str) -> Self {
+        self.flavour.postgres = Some(url.to_owned());
+        self
+    }
+
     pub fn model(mut self, model: Model) -> Self {
         self.model = Some(model);
         self
     }
 
-    /// The store exists but has no model: writes get 400 `latest_authorization_model_not_found`
-    /// (or `authorization_model_not_found` when they name [`MODEL_ID`]).
-    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
+    /// The store exists but has no model: writes get 400 `latest_authorization_model_not_found`.
+    #[allow(dead_code)] // used by some test binaries only
     pub fn no_model(mut self) -> Self {
         self.model = None;
         self
     }
 
-    pub fn start(self) -> FakeFga {
-        let now = SystemTime::now();
-        let shared = Arc::new(Shared {
-            auth: self.auth,
-            max_tuples_per_write: self.max_tuples_per_write,
-            legacy: self.legacy,
-            model: self.model,
-            created_at: now,
-            state: Mutex::new(Db::default()),
-        });
+    pub fn start(self) -> Fga {
+        let server = super::openfga::server(&self.flavour);
+        let api = Api::new(&server.url, server.key.clone());
+        let n = STORES.fetch_add(1, Ordering::Relaxed);
+        let store_name = format!("relay-test-{}-{n}", std::process::id());
+        let store_id = api.create_store(&store_name);
+        let model_id = self.model.map(|m| api.write_model(&store_id, &m.to_json()));
+        let proxy = Arc::new(Proxy::new(server.url.clone(), self.bearer));
         let listener = bind_listener();
         let addr = listener.local_addr().expect("listener address");
         listener
             .set_nonblocking(true)
             .expect("non-blocking listener");
-        let app = router(shared.clone());
+        let app = super::proxy::router(proxy.clone());
         let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
-            .name("fake-fga".to_owned())
+            .name("fga-proxy".to_owned())
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
-                    .thread_name("fake-fga-worker")
+                    .thread_name("fga-proxy-worker")
                     .enable_all()
                     .build()
-                    .expect("fake-fga runtime");
+                    .expect("proxy runtime");
                 runtime.block_on(accept_loop(listener, control_rx, app));
                 // Dropping the runtime cancels every task: hanging requests, delayed writes
                 // and idle keep-alive connections all end here.
                 drop(runtime);
             })
-            .expect("spawn fake-fga thread");
-        FakeFga {
-            shared,
+            .expect("spawn the proxy thread");
+        Fga {
+            _server: server,
+            api,
+            store_id,
+            store_name,
+            model_id,
+            version: self.flavour.version,
+            proxy,
             addr,
             control,
             thread: Some(thread),
@@ -111,22 +137,26 @@ impl FakeFgaBuilder {
     }
 }
 
-impl FakeFga {
-    /// Defaults: no auth, 100 tuples per write, a modern (>= 1.10) server, [`Model::default`].
-    pub fn start() -> FakeFga {
+impl Fga {
+    /// The newest OpenFGA, no authentication, 100 tuples per write, [`Model::default`].
+    pub fn start() -> Fga {
         Self::builder().start()
     }
 
-    pub fn builder() -> FakeFgaBuilder {
-        FakeFgaBuilder {
-            auth: Auth::None,
-            max_tuples_per_write: DEFAULT_MAX_TUPLES_PER_WRITE,
-            legacy: false,
+    pub fn builder() -> FgaBuilder {
+        FgaBuilder {
+            flavour: Flavour {
+                version: MODERN,
+                preshared_keys: Vec::new(),
+                max_tuples_per_write: DEFAULT_MAX_TUPLES_PER_WRITE,
+                postgres: None,
+            },
+            bearer: None,
             model: Some(Model::default()),
         }
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// The proxy, as the relay is pointed at it: `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -135,111 +165,126 @@ impl FakeFga {
         self.addr
     }
 
+    /// This test's store.
+    pub fn store_id(&self) -> &str {
+        &self.store_id
+    }
+
+    /// This test's store's name (unique on the server).
+    pub fn store_name(&self) -> &str {
+        &self.store_name
+    }
+
+    /// The store's model, when it has one.
+    pub fn model_id(&self) -> Option<&str> {
+        self.model_id.as_deref()
+    }
+
+    /// The OpenFGA version serving this store (`v1.18.1`, ...).
+    pub fn version(&self) -> &'static str {
+        self.version
+    }
+
     /// The current tuples, sorted by (object, relation, user).
     pub fn tuples(&self) -> Vec<StoredTuple> {
-        let state = self.shared.state();
-        let mut tuples: Vec<StoredTuple> = state.tuples.values().map(Entry::to_stored).collect();
-        drop(state);
+        let mut tuples: Vec<StoredTuple> = self
+            .api
+            .read(&self.store_id, None)
+            .iter()
+            .map(StoredTuple::from_key)
+            .collect();
         tuples.sort();
         tuples
     }
 
+    fn read_one(&self, user: &str, relation: &str, object: &str) -> Option<Value> {
+        let key = json!({ "user": user, "relation": relation, "object": object });
+        self.api.read(&self.store_id, Some(key)).into_iter().next()
+    }
+
     pub fn has(&self, user: &str, relation: &str, object: &str) -> bool {
-        let key = key_string(object, relation, user);
-        self.shared.state().tuples.contains_key(key.as_str())
+        self.read_one(user, relation, object).is_some()
     }
 
     /// The stored condition `{"name","context"}` of a tuple, if the tuple exists and has one.
     pub fn condition_of(&self, user: &str, relation: &str, object: &str) -> Option<Value> {
-        let key = key_string(object, relation, user);
-        let state = self.shared.state();
-        let cond = state.tuples.get(key.as_str())?.condition.clone()?;
-        drop(state);
-        Some(serde_json::from_str(&cond.text).expect("condition text is JSON"))
+        super::records::condition_of_key(&self.read_one(user, relation, object)?)
     }
 
-    /// Inserts (or replaces) a tuple behind the relay's back. Not recorded in `changelog()`.
+    /// Writes a tuple behind the relay's back (straight to the server; it is in the changelog).
+    /// A tuple already there is replaced.
     pub fn insert_tuple(&self, t: StoredTuple) {
-        let condition = t
-            .condition
-            .as_deref()
-            .map(|text| Arc::new(Cond::from_text(text)));
-        let key = TKey::new(&t.object, &t.relation, &t.user);
-        self.shared.state().put(key, condition, SystemTime::now());
+        self.remove_tuple(&t.user, &t.relation, &t.object);
+        self.write_direct(vec![t.to_key()], vec![])
+            .unwrap_or_else(|r| panic!("OpenFGA refused {t:?}: {r:?}"));
     }
 
-    /// Removes a tuple behind the relay's back; true if it existed. Not recorded in `changelog()`.
+    /// Deletes a tuple behind the relay's back; true if it existed.
     pub fn remove_tuple(&self, user: &str, relation: &str, object: &str) -> bool {
-        let key = key_string(object, relation, user);
-        self.shared.state().tuples.remove(key.as_str()).is_some()
+        if !self.has(user, relation, object) {
+            return false;
+        }
+        let key = json!({ "user": user, "relation": relation, "object": object });
+        self.write_direct(vec![], vec![key])
+            .unwrap_or_else(|r| panic!("OpenFGA refused a delete: {r:?}"));
+        true
     }
 
-    /// Every `POST /stores/{id}/write` received since the start (or the last
-    /// `reset_requests`), in arrival order, with its outcome. Parses the recorded bodies on
-    /// each call: in a tight polling loop prefer [`FakeFga::write_count`].
+    /// A Write straight to the server, as another client sends it.
+    pub fn write_direct(&self, writes: Vec<Value>, deletes: Vec<Value>) -> Result<(), Refused> {
+        self.api.write(&self.store_id, writes, deletes)
+    }
+
+    /// Deletes the store (OpenFGA deletes softly: its Writes may still be answered).
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn delete_store(&self) {
+        self.api.delete_store(&self.store_id);
+    }
+
+    /// Every `POST /stores/{id}/write` the proxy received since the start, in arrival order,
+    /// with its outcome.
     pub fn writes(&self) -> Vec<WriteRecord> {
-        let raw: Vec<RecordInner> = self.shared.state().writes.clone();
-        raw.into_iter()
-            .map(|r| WriteRecord {
-                received_at: r.received_at,
-                answered_at: r.answered_at,
-                body: body_as_json(&r.body),
-                status: r.status,
-                authorization: r.authorization,
-            })
-            .collect()
+        self.proxy.state().writes.clone()
     }
 
     pub fn write_count(&self) -> usize {
-        self.shared.state().writes.len()
+        self.proxy.state().writes.len()
     }
 
-    /// Every applied operation, in order.
+    /// Every applied operation, in order, from the server's changelog (ReadChanges).
     pub fn changelog(&self) -> Vec<Change> {
-        let state = self.shared.state();
-        state
-            .changelog
+        self.api
+            .changes(&self.store_id)
             .iter()
-            .map(|c| Change {
-                op: c.op,
-                user: c.key.user().to_owned(),
-                relation: c.key.relation().to_owned(),
-                object: c.key.object().to_owned(),
-                condition: c
-                    .condition
-                    .as_ref()
-                    .map(|cond| serde_json::from_str(&cond.text).expect("condition text is JSON")),
-                at: c.at,
-            })
+            .map(Change::from_json)
             .collect()
     }
 
     pub fn push_fault(&self, rule: FaultRule) {
-        self.shared.state().faults.push_back(rule);
+        self.proxy.state().faults.push_back(rule);
     }
 
     pub fn clear_faults(&self) {
-        self.shared.state().faults.clear();
+        self.proxy.state().faults.clear();
     }
 
     /// Faults at random for every write no rule matched; `None` to stop them.
-    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
+    #[allow(dead_code)] // used by some test binaries only
     pub fn set_random_faults(&self, faults: Option<RandomFaults>) {
-        self.shared.state().random = faults;
+        self.proxy.state().random = faults;
     }
 
-    /// How long every write no fault matched takes, as a real OpenFGA writing to its own
-    /// database does. `None`: answered at once.
-    #[allow(dead_code)] // the bench uses it; the tests do not
+    /// A delay the proxy adds to every write no fault matched. `None`: none.
+    #[allow(dead_code)] // used by some test binaries only
     pub fn set_latency(&self, latency: Option<Latency>) {
-        self.shared.state().latency = latency;
+        self.proxy.state().latency = latency;
     }
 
-    /// A proxy in front of OpenFGA with a body limit: a write body above `bytes` is answered
-    /// 413 with the proxy's HTML page, before OpenFGA sees it. `None`: no limit.
-    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
+    /// A proxy with a body limit: a write body above `bytes` is answered 413 with the proxy's
+    /// HTML page, before OpenFGA sees it. `None`: no limit.
+    #[allow(dead_code)] // used by some test binaries only
     pub fn set_body_limit(&self, bytes: Option<usize>) {
-        self.shared.state().body_limit = bytes;
+        self.proxy.state().body_limit = bytes;
     }
 
     /// `true`: stop listening (new connections are refused) and close every open connection,
@@ -254,27 +299,19 @@ impl FakeFga {
         if refusing {
             self.control
                 .send(Control::Stop(ack))
-                .expect("fake-fga thread is running");
+                .expect("proxy thread is running");
         } else {
             let listener = rebind(self.addr);
             self.control
                 .send(Control::Listen(listener, ack))
-                .expect("fake-fga thread is running");
+                .expect("proxy thread is running");
         }
-        done.recv().expect("fake-fga thread acknowledges");
+        done.recv().expect("proxy thread acknowledges");
         *current = refusing;
-    }
-
-    /// Forgets the recorded write requests (not the tuples, nor the changelog).
-    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
-    pub fn reset_requests(&self) {
-        let mut state = self.shared.state();
-        state.writes.clear();
-        state.writes_epoch += 1;
     }
 }
 
-impl Drop for FakeFga {
+impl Drop for Fga {
     fn drop(&mut self) {
         let _ = self.control.send(Control::Shutdown);
         if let Some(thread) = self.thread.take() {

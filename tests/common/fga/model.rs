@@ -1,7 +1,9 @@
-//! The one authorization model of the store: types, relations with their type restrictions, and
-//! conditions.
+//! The authorization model a test store gets: types, relations with their type restrictions, and
+//! conditions, written to the real server as JSON.
 
 use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
 
 /// One entry of a relation's type restrictions (OpenFGA's `RelationReference`): `user`,
 /// `user:*`, `group#member`, optionally followed by ` with <condition>`.
@@ -45,13 +47,13 @@ impl TypeRestriction {
     }
 }
 
-/// An authorization model (schema 1.1) restricted to what a Write validates: types, their
-/// directly assignable relations with type restrictions, and conditions with parameter names.
-/// Computed relations, tuple-to-userset rewrites and parameter types are not modelled.
+/// An authorization model (schema 1.1) of directly assignable relations with their type
+/// restrictions, and conditions: what the relay's Writes are validated against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Model {
-    pub(super) types: BTreeMap<String, BTreeMap<String, Vec<TypeRestriction>>>,
-    pub(super) conditions: BTreeMap<String, Vec<String>>,
+    types: BTreeMap<String, BTreeMap<String, Vec<TypeRestriction>>>,
+    /// name -> (parameters with their type names, CEL expression)
+    conditions: BTreeMap<String, (Vec<(String, String)>, String)>,
 }
 
 impl Model {
@@ -79,21 +81,87 @@ impl Model {
         self
     }
 
-    /// Declares a condition and its parameter names.
-    pub fn with_condition(mut self, name: &str, params: &[&str]) -> Self {
-        self.conditions.insert(
-            name.to_owned(),
-            params.iter().map(|p| (*p).to_owned()).collect(),
-        );
+    /// Declares a condition whose parameters may hold anything, and which always holds.
+    pub fn with_condition(self, name: &str, params: &[&str]) -> Self {
+        let params: Vec<(&str, &str)> = params.iter().map(|p| (*p, "TYPE_NAME_ANY")).collect();
+        self.with_typed_condition(name, &params, "true")
+    }
+
+    /// Declares a condition with typed parameters (`TYPE_NAME_TIMESTAMP`, ...) and its CEL
+    /// expression.
+    pub fn with_typed_condition(
+        mut self,
+        name: &str,
+        params: &[(&str, &str)],
+        expression: &str,
+    ) -> Self {
+        let params = params
+            .iter()
+            .map(|(p, t)| ((*p).to_owned(), (*t).to_owned()))
+            .collect();
+        self.conditions
+            .insert(name.to_owned(), (params, expression.to_owned()));
         self
     }
 
-    pub(super) fn has_type(&self, type_name: &str) -> bool {
-        self.types.contains_key(type_name)
+    /// The model as `WriteAuthorizationModel` takes it.
+    pub fn to_json(&self) -> Value {
+        let type_definitions: Vec<Value> = self
+            .types
+            .iter()
+            .map(|(name, relations)| {
+                if relations.is_empty() {
+                    return json!({ "type": name });
+                }
+                let this: Map<String, Value> = relations
+                    .keys()
+                    .map(|r| (r.clone(), json!({ "this": {} })))
+                    .collect();
+                let metadata: Map<String, Value> = relations
+                    .iter()
+                    .map(|(r, allowed)| {
+                        let refs: Vec<Value> =
+                            allowed.iter().map(TypeRestriction::to_json).collect();
+                        (r.clone(), json!({ "directly_related_user_types": refs }))
+                    })
+                    .collect();
+                json!({ "type": name, "relations": this, "metadata": { "relations": metadata } })
+            })
+            .collect();
+        let conditions: Map<String, Value> = self
+            .conditions
+            .iter()
+            .map(|(name, (params, expression))| {
+                let parameters: Map<String, Value> = params
+                    .iter()
+                    .map(|(p, t)| (p.clone(), json!({ "type_name": t })))
+                    .collect();
+                let condition =
+                    json!({ "name": name, "expression": expression, "parameters": parameters });
+                (name.clone(), condition)
+            })
+            .collect();
+        json!({
+            "schema_version": "1.1",
+            "type_definitions": type_definitions,
+            "conditions": conditions,
+        })
     }
+}
 
-    pub(super) fn relation(&self, type_name: &str, relation: &str) -> Option<&[TypeRestriction]> {
-        self.types.get(type_name)?.get(relation).map(Vec::as_slice)
+impl TypeRestriction {
+    fn to_json(&self) -> Value {
+        let mut r = json!({ "type": self.user_type });
+        if let Some(relation) = &self.relation {
+            r["relation"] = json!(relation);
+        }
+        if self.wildcard {
+            r["wildcard"] = json!({});
+        }
+        if let Some(condition) = &self.condition {
+            r["condition"] = json!(condition);
+        }
+        r
     }
 }
 
@@ -115,6 +183,13 @@ impl Default for Model {
             .with_relation("document", "editor", &["user"])
             .with_relation("document", "owner", &["user"])
             .with_relation("document", "parent", &["organization"])
-            .with_condition("non_expired", &["current_time", "expires_at"])
+            .with_typed_condition(
+                "non_expired",
+                &[
+                    ("current_time", "TYPE_NAME_TIMESTAMP"),
+                    ("expires_at", "TYPE_NAME_TIMESTAMP"),
+                ],
+                "current_time < expires_at",
+            )
     }
 }
