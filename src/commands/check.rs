@@ -6,7 +6,7 @@
 
 use super::failure::Failure;
 use crate::config::ConfigError;
-use crate::db::probe::{Probe, not_a_transaction_pooler, privileges};
+use crate::db::probe::{Probe, not_a_transaction_pooler, pending_relations, privileges};
 use crate::openfga::FgaClient;
 use crate::schema::{self, SchemaProblem};
 use crate::settings::RelayArgs;
@@ -70,8 +70,8 @@ impl Check {
                 fga.store
             )),
         );
-        check_postgres(&mut report, &db.table, &pg).await;
-        check_openfga(&mut report, &client).await;
+        let pending = check_postgres(&mut report, &db.table, &pg).await;
+        check_openfga(&mut report, &client, &pending).await;
         Ok(if report.failed {
             ExitCode::from(1)
         } else {
@@ -80,11 +80,13 @@ impl Check {
     }
 }
 
+/// Checks PostgreSQL; returns the (object type, relation) pairs of the oldest pending rows, for
+/// the model check (none when they could not be read).
 async fn check_postgres(
     report: &mut Report,
     table: &crate::config::TableName,
     pg: &crate::db::PgConnect,
-) {
+) -> Vec<(String, String)> {
     let connected =
         match tokio::time::timeout(CONNECT_LIMIT, crate::db::connect_dedicated(pg)).await {
             Ok(Ok(c)) => Ok(c),
@@ -98,7 +100,7 @@ async fn check_postgres(
             for name in ["pooler", "schema", "privileges"] {
                 report.skip(name, "PostgreSQL did not answer");
             }
-            return;
+            return Vec::new();
         }
     };
     let driver = tokio::spawn(conn);
@@ -130,22 +132,29 @@ async fn check_postgres(
         Err(other) => (Err(other.to_string()), true),
     };
     report.line("schema", schema);
+    let mut pending = Vec::new();
     if tables_exist {
         report.line("privileges", privileges(&client, table).await);
+        pending = pending_relations(&client, table).await.unwrap_or_default();
     } else {
         report.skip("privileges", "the tables are missing");
     }
     drop(client);
     let _ = driver.await;
+    pending
 }
 
-async fn check_openfga(report: &mut Report, client: &FgaClient) {
+async fn check_openfga(report: &mut Report, client: &FgaClient, pending: &[(String, String)]) {
     let found = client.probe_store().await;
     report.line("openfga", found.openfga);
     match found.store {
         Some(Ok(store)) => {
             report.line("store", Ok(store));
-            report.line("model", client.probe_model().await);
+            let model = match client.probe_model().await {
+                Ok(found) => knows_pending(client, found, pending).await,
+                Err(e) => Err(e),
+            };
+            report.line("model", model);
         }
         Some(Err(e)) => {
             report.line("store", Err(e));
@@ -155,5 +164,34 @@ async fn check_openfga(report: &mut Report, client: &FgaClient) {
             report.skip("store", "OpenFGA did not answer");
             report.skip("model", "OpenFGA did not answer");
         }
+    }
+}
+
+/// Whether the model knows the object types and relations the pending rows name (where it can
+/// be read: a credential may Write without reading models).
+async fn knows_pending(client: &FgaClient, found: String, pending: &[(String, String)]) -> Probe {
+    if pending.is_empty() {
+        return Ok(found);
+    }
+    match client.model_relations().await {
+        Ok(model) => {
+            let unknown = model.unknown(pending);
+            if unknown.is_empty() {
+                Ok(format!(
+                    "{found} ({}); it knows the {} type and relation pairs of the pending rows",
+                    model.id,
+                    pending.len()
+                ))
+            } else {
+                Err(format!(
+                    "model {} has no {}: pending rows naming them will be dead-lettered",
+                    model.id,
+                    unknown.join(", ")
+                ))
+            }
+        }
+        Err(e) => Ok(format!(
+            "{found}; the pending rows' types were not checked: {e}"
+        )),
     }
 }

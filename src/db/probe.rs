@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 pub type Probe = Result<String, String>;
 
 const PRIVILEGES: &str = include_str!("../../sql/queries/check_privileges.sql");
+const PENDING_RELATIONS: &str = include_str!("../../sql/queries/check_pending_relations.sql");
 
 /// How long a second connection's transaction may keep the first from getting a backend: past
 /// it, the first waits for a server connection a pooler has lent out.
@@ -122,4 +123,20 @@ pub async fn privileges(client: &Client, table: &TableName) -> Probe {
     Ok(format!(
         "{role} may read {table}, mark rows, lead ({table}_leader) and LISTEN"
     ))
+}
+
+/// The (object type, relation) pairs the oldest pending rows name: a sample, for the model
+/// check.
+pub async fn pending_relations(
+    client: &Client,
+    table: &TableName,
+) -> Result<Vec<(String, String)>, String> {
+    let rows = client
+        .query(&render(PENDING_RELATIONS, table), &[])
+        .await
+        .map_err(|e| super::describe(&e))?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| Some((r.try_get(0).ok()?, r.try_get(1).ok()?)))
+        .collect())
 }

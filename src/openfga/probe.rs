@@ -5,6 +5,7 @@
 use super::classify::{ErrorBody, excerpt};
 use super::client::{FgaClient, SendError};
 use super::store::PreflightError;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What one probe found: passed (with what it saw), or failed (with why).
 pub type Probe = Result<String, String>;
@@ -138,5 +139,85 @@ impl FgaClient {
             )),
             _ => Err(format!("the Write answered {status}: {}", excerpt(&answer))),
         }
+    }
+
+    /// The model's object types and their relations (`--model-id`, or the store's latest), as
+    /// ReadAuthorizationModel(s) answers.
+    pub async fn model_relations(&self) -> Result<ModelRelations, String> {
+        let store_id = self.store_id().await.map_err(|e| e.to_string())?;
+        let url = match &self.model_id {
+            Some(id) => self.url(&format!("/stores/{store_id}/authorization-models/{id}")),
+            None => {
+                let mut url = self.url(&format!("/stores/{store_id}/authorization-models"));
+                url.query_pairs_mut().append_pair("page_size", "1");
+                url
+            }
+        };
+        let resp = self
+            .send(|| self.http.get(url.clone()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!(
+                "reading the model answered {status}: {}",
+                excerpt(&body)
+            ));
+        }
+        #[derive(serde::Deserialize)]
+        struct TypeDefinition {
+            #[serde(rename = "type")]
+            name: String,
+            #[serde(default)]
+            relations: BTreeMap<String, serde::de::IgnoredAny>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Model {
+            #[serde(default)]
+            id: String,
+            #[serde(default)]
+            type_definitions: Vec<TypeDefinition>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            authorization_model: Option<Model>,
+            #[serde(default)]
+            authorization_models: Vec<Model>,
+        }
+        let answer: Answer = serde_json::from_slice(&body)
+            .map_err(|e| format!("the model's answer is not OpenFGA's: {e}"))?;
+        let model = answer
+            .authorization_model
+            .or_else(|| answer.authorization_models.into_iter().next())
+            .ok_or("the store has no authorization model")?;
+        Ok(ModelRelations {
+            id: model.id,
+            types: model
+                .type_definitions
+                .into_iter()
+                .map(|t| (t.name, t.relations.into_keys().collect()))
+                .collect(),
+        })
+    }
+}
+
+/// A model's object types, each with its relations.
+pub struct ModelRelations {
+    pub id: String,
+    pub types: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl ModelRelations {
+    /// Of `pairs` (object type, relation), those the model does not know, in words.
+    pub fn unknown(&self, pairs: &[(String, String)]) -> Vec<String> {
+        pairs
+            .iter()
+            .filter_map(|(t, r)| match self.types.get(t) {
+                None => Some(format!("type {t}")),
+                Some(relations) if !relations.contains(r) => Some(format!("{t}#{r}")),
+                Some(_) => None,
+            })
+            .collect()
     }
 }

@@ -4,7 +4,7 @@
 use crate::common::fga::Fga;
 use crate::common::pg::TestDb;
 use crate::common::pgbouncer::PgBouncer;
-use crate::common::relay::{Env, assert_success};
+use crate::common::relay::{Env, assert_success, tk, writes};
 use std::process::Output;
 
 const CHECKS: [&str; 8] = [
@@ -283,4 +283,31 @@ async fn migrate_check_exits_1_when_migrate_would_change_something() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Pending rows naming a type or relation the model lacks would be dead-lettered: `check` names
+/// them before `run` starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_check_names_what_pending_rows_need_and_the_model_lacks() {
+    let env = Env::start().await;
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let (code, out) = check(&env, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(line(&out, "model").1.contains("knows the 1 type"), "{out}");
+
+    env.insert(writes(&[
+        tk("user:anne", "approver", "document:1"),
+        tk("user:anne", "viewer", "folder:1"),
+    ]))
+    .await;
+    let (code, out) = check(&env, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    let (verdict, rest) = line(&out, "model");
+    assert_eq!(verdict, "FAIL", "{out}");
+    assert!(
+        rest.contains("document#approver") && rest.contains("type folder"),
+        "{out}"
+    );
+    assert!(!rest.contains("document#viewer"), "{out}");
 }
