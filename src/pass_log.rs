@@ -51,7 +51,7 @@ impl PassLog {
                 rows = report.delivered,
                 writes = report.writes,
                 trigger = %trigger.as_str(),
-                "first rows delivered since start; the summary line counts the rest"
+                "first rows delivered since start"
             );
         }
         if report.did_work() {

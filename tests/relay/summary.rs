@@ -151,7 +151,12 @@ async fn the_first_delivery_is_said_at_info_in_plain_words() {
     let said = lines(&logs, "first rows delivered");
     assert_eq!(said.len(), 1, "{logs}");
     assert_eq!(field(said[0], "rows"), Some("1"), "{logs}");
-    assert_eq!(field(said[0], "trigger"), Some("notification"), "{logs}");
+    // Which pass found the row depends on when the insert landed; it is said in a word.
+    let trigger = field(said[0], "trigger").unwrap_or_default();
+    assert!(
+        ["leadership", "notification", "sweep", "again"].contains(&trigger),
+        "{logs}"
+    );
     assert!(said[0].contains(" INFO "), "{logs}");
     let start = lines(&logs, "fga-relay starting");
     assert_eq!(field(start[0], "store"), Some(env.fga.store_id()), "{logs}");
