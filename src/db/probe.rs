@@ -14,66 +14,84 @@ pub type Probe = Result<String, String>;
 const PRIVILEGES: &str = include_str!("../../sql/queries/check_privileges.sql");
 const PENDING_RELATIONS: &str = include_str!("../../sql/queries/check_pending_relations.sql");
 
-/// How long a second connection's transaction may keep the first from getting a backend: past
-/// it, the first waits for a server connection a pooler has lent out.
+/// How long the other connections' transactions may keep the first from getting a backend:
+/// past it, the first waits for a server connection a pooler has lent out.
 const POOL_WAIT: Duration = Duration::from_secs(3);
 
-async fn backend_pid(client: &Client) -> Result<i32, String> {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
+/// Connections that open a transaction beside the first: a pooler lends each an idle server
+/// connection, and the one the first connection just used is among them.
+const OTHERS: usize = 3;
+
+/// The backend pid, by the simple query protocol: one message, one transaction, so that a
+/// pooler cannot split a statement's parse and execution over two server connections.
+async fn backend_pid(client: &Client, sql: &str) -> Result<i32, String> {
+    let messages = client
+        .simple_query(sql)
         .await
-        .map(|r| r.get(0))
-        .map_err(|e| super::describe(&e))
+        .map_err(|e| super::describe(&e))?;
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
+            _ => None,
+        })
+        .ok_or_else(|| "no backend pid in the answer".to_owned())
 }
 
+const PID: &str = "SELECT pg_backend_pid()";
+const BEGIN_PID: &str = "BEGIN; SELECT pg_backend_pid()";
+const POOLER: &str = "a transaction pooler is in between; point the relay at PostgreSQL itself \
+                      or at a session-mode pool";
+
 /// A transaction pooler (PgBouncer's `pool_mode = transaction`, and others) lends each client
-/// a server session per transaction. Seen from the client: a second connection's transaction,
-/// opened after the first connection's statement, runs on the backend that statement ran on
-/// (the pooler hands out the server connection just released), and while it is open the first
+/// a server session per transaction. Seen from the client: transactions that other connections
+/// open after the first connection's statement run on the backend that statement ran on (the
+/// pooler hands out the server connection just released), and while they are open the first
 /// connection's next statement runs on another backend, or waits. Directly on PostgreSQL (or
-/// through a session pooler) each connection keeps its own backend.
+/// through a session pooler) each connection keeps a backend of its own.
 pub async fn not_a_transaction_pooler(pg: &PgConnect, first: &Client) -> Probe {
-    let pid = backend_pid(first).await?;
-    let (second, conn) = super::connect_dedicated(pg)
-        .await
-        .map_err(|e| format!("a second connection failed: {}", super::describe(&e)))?;
-    let driver = tokio::spawn(conn);
+    let pid = backend_pid(first, PID).await?;
+    let mut others = Vec::new();
     let verdict = async {
-        second.batch_execute("BEGIN").await.map_err(|e| {
-            format!(
-                "BEGIN failed (a statement pooler?): {}",
-                super::describe(&e)
-            )
-        })?;
-        let second_pid = backend_pid(&second).await?;
-        if second_pid == pid {
-            return Err(format!(
-                "two connections ran on one PostgreSQL session (backend pid {pid}): a \
-                 transaction pooler is in between; point the relay at PostgreSQL itself or a \
-                 session-mode pool"
-            ));
+        for _ in 0..OTHERS {
+            let (other, conn) = super::connect_dedicated(pg)
+                .await
+                .map_err(|e| format!("another connection failed: {}", super::describe(&e)))?;
+            others.push((other, tokio::spawn(conn)));
+            let Some((other, _)) = others.last() else {
+                continue;
+            };
+            let other_pid = backend_pid(other, BEGIN_PID)
+                .await
+                .map_err(|e| format!("BEGIN failed (a statement pooler?): {e}"))?;
+            if other_pid == pid {
+                return Err(format!(
+                    "two connections ran on one PostgreSQL session (backend pid {pid}): {POOLER}"
+                ));
+            }
         }
-        match tokio::time::timeout(POOL_WAIT, backend_pid(first)).await {
+        match tokio::time::timeout(POOL_WAIT, backend_pid(first, PID)).await {
             Ok(Ok(again)) if again == pid => {
                 Ok(format!("a session of its own (backend pid {pid})"))
             }
             Ok(Ok(again)) => Err(format!(
                 "the connection moved from backend pid {pid} to {again} between transactions: \
-                 a transaction pooler is in between; point the relay at PostgreSQL itself or a \
-                 session-mode pool"
+                 {POOLER}"
             )),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(format!(
-                "the connection waited {}s for a server session while another connection's \
-                 transaction was open: a transaction pooler is in between",
+                "the connection waited {}s for a server session while other connections' \
+                 transactions were open: {POOLER}",
                 POOL_WAIT.as_secs()
             )),
         }
     }
     .await;
-    let _ = second.batch_execute("ROLLBACK").await;
-    drop(second);
-    let _ = driver.await;
+    for (other, driver) in others {
+        let _ = other.batch_execute("ROLLBACK").await;
+        drop(other);
+        let _ = driver.await;
+    }
     verdict
 }
 
