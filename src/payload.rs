@@ -38,6 +38,41 @@ pub struct Condition {
     pub context: Map<String, Value>,
 }
 
+impl Condition {
+    /// `{"name", "context"}`, as OpenFGA returns a stored condition.
+    pub fn to_value(&self) -> Value {
+        serde_json::json!({"name": self.name, "context": Value::Object(self.context.clone())})
+    }
+}
+
+/// Whether two conditions (`{"name", "context"}`) are the same for OpenFGA: its context is a
+/// protobuf Struct, whose numbers are doubles (`1` and `1.0` are one value, and an integer
+/// beyond 2^53 comes back rounded).
+pub fn same_condition(expected: Option<&Value>, held: Option<&Value>) -> bool {
+    match (expected, held) {
+        (None, None) => true,
+        (Some(a), Some(b)) => as_struct(a) == as_struct(b),
+        _ => false,
+    }
+}
+
+/// A JSON value as a protobuf Struct holds it: every number a double.
+fn as_struct(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => n
+            .as_f64()
+            .and_then(serde_json::Number::from_f64)
+            .map_or_else(|| v.clone(), Value::Number),
+        Value::Array(items) => Value::Array(items.iter().map(as_struct).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), as_struct(v)))
+                .collect::<Map<_, _>>(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// One operation of a row.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {

@@ -34,6 +34,10 @@ pub const FILES: &[(&str, &str)] = &[
         "0007_autovacuum.sql",
         include_str!("../sql/schema/0007_autovacuum.sql"),
     ),
+    (
+        "0008_retried.sql",
+        include_str!("../sql/schema/0008_retried.sql"),
+    ),
 ];
 
 /// The schema's version: the number of its parts. `migrate` records it in
@@ -187,7 +191,7 @@ pub enum SchemaProblem {
 /// The columns the relay reads and writes, with the types it can read each as (the first is
 /// the one `migrate` creates). NULL is allowed where an adopted table allows it: the relay reads
 /// `created_at` and `attempts` through `coalesce`.
-const COLUMNS: [(&str, &[&str]); 7] = [
+const COLUMNS: [(&str, &[&str]); 8] = [
     ("id", &["bigint"]),
     ("payload", &["jsonb"]),
     ("created_at", &["timestamp with time zone"]),
@@ -195,6 +199,7 @@ const COLUMNS: [(&str, &[&str]); 7] = [
     ("attempts", &["integer"]),
     ("last_error", &["text", "character varying"]),
     ("failed_at", &["timestamp with time zone"]),
+    ("retried_at", &["timestamp with time zone"]),
 ];
 
 /// Checks that `migrate` has run; returns the table's oid (the second key of its advisory locks)

@@ -1,6 +1,7 @@
 //! Every statement the relay runs against the outbox, from the files in `sql/queries/`.
 
 use crate::config::TableName;
+use crate::payload::TupleKey;
 use crate::schema::render;
 use deadpool_postgres::{GenericClient, Pool};
 use std::time::SystemTime;
@@ -15,6 +16,8 @@ pub struct ClaimedRow {
     pub payload: Result<String, String>,
     pub created_at: SystemTime,
     pub attempts: i32,
+    /// It came back from dead (`retried_at` set): its operations may be superseded.
+    pub retried: bool,
 }
 
 /// Counts by state, as `status` prints them.
@@ -57,6 +60,9 @@ struct Queries {
     prune: String,
     pending_through: String,
     max_pending: String,
+    superseded: String,
+    record_skipped: String,
+    dead_rows: String,
 }
 
 /// The outbox, through the pool.
@@ -84,6 +90,9 @@ impl Store {
             prune: r(include_str!("../sql/queries/prune.sql")),
             pending_through: r(include_str!("../sql/queries/pending_through.sql")),
             max_pending: r(include_str!("../sql/queries/max_pending.sql")),
+            superseded: r(include_str!("../sql/queries/superseded.sql")),
+            record_skipped: r(include_str!("../sql/queries/record_skipped.sql")),
+            dead_rows: r(include_str!("../sql/queries/dead_rows.sql")),
         };
         Store {
             pool,
@@ -172,6 +181,7 @@ impl Store {
                         .map_err(|e| format!("the payload cannot be read: {e}")),
                     created_at: r.try_get(2)?,
                     attempts: r.try_get(3)?,
+                    retried: r.try_get(4)?,
                 })
             })
             .collect()
@@ -210,6 +220,58 @@ impl Store {
     ) -> Result<bool, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.dead_letter).await?;
         Ok(tx.execute(&stmt, &[&id, &reason, &read]).await? > 0)
+    }
+
+    /// The operations of row `id` (given by their tuple keys, in order) that a later delivered
+    /// row supersedes: each one's index and that row's id (superseded.sql).
+    pub async fn superseded(
+        &self,
+        tx: &impl GenericClient,
+        id: i64,
+        keys: &[&TupleKey],
+    ) -> Result<Vec<(usize, i64)>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.superseded).await?;
+        let objects: Vec<&str> = keys.iter().map(|k| k.object.as_str()).collect();
+        let relations: Vec<&str> = keys.iter().map(|k| k.relation.as_str()).collect();
+        let users: Vec<&str> = keys.iter().map(|k| k.user.as_str()).collect();
+        tx.query(&stmt, &[&id, &objects, &relations, &users])
+            .await?
+            .iter()
+            .map(|r| {
+                let n: i32 = r.try_get(0)?;
+                Ok((usize::try_from(n - 1).unwrap_or(0), r.try_get(1)?))
+            })
+            .collect()
+    }
+
+    /// Records on a pending row what the relay skips of it, without counting an attempt.
+    pub async fn record_skipped(
+        &self,
+        tx: &impl GenericClient,
+        id: i64,
+        what: &str,
+    ) -> Result<u64, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.record_skipped).await?;
+        tx.execute(&stmt, &[&id, &what]).await
+    }
+
+    /// Dead rows (all, or those of `ids`), in id order, with their payloads as text.
+    pub async fn dead_rows(
+        &self,
+        ids: Option<&[i64]>,
+    ) -> Result<Vec<(i64, Result<String, String>)>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client.query(&self.q.dead_rows, &[&ids]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let id: i64 = r.try_get(0)?;
+                let text = r
+                    .try_get::<_, String>(1)
+                    .map_err(|e| format!("the payload cannot be read: {e}"));
+                Ok((id, text))
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()?)
     }
 
     pub async fn status(&self) -> Result<StatusCounts, StoreError> {

@@ -103,6 +103,7 @@ pub(crate) enum Scenario {
     Wait,
     Idle,
     Baseline,
+    Real,
 }
 
 /// The sizes of one run, from the flags, `--smoke` and the defaults.
@@ -133,6 +134,8 @@ pub(crate) struct Sizes {
     pub(crate) wait_writer_seconds: u64,
     pub(crate) wait_timeout_seconds: u64,
     pub(crate) idle_seconds: u64,
+    /// Rows (2 tuples each) of the real-OpenFGA scenario's burn-downs.
+    pub(crate) real_backlog: usize,
 }
 
 impl Sizes {
@@ -186,6 +189,7 @@ impl Sizes {
             wait_writer_seconds: if s { 1 } else { 5 },
             wait_timeout_seconds: if s { 1 } else { 5 },
             idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
+            real_backlog: if s { 500 } else { 20_000 },
         }
     }
 }

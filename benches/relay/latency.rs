@@ -67,7 +67,7 @@ pub(crate) async fn commit_steadily(
     Ok(out)
 }
 
-/// When the stand-in first received each user's tuple in an accepted Write.
+/// When the proxy first received each user's tuple in a Write OpenFGA accepted.
 pub(crate) fn receipts(fga: &Fga) -> HashMap<String, Instant> {
     let mut m = HashMap::new();
     for w in fga.writes() {
@@ -113,7 +113,15 @@ pub(crate) async fn measure_latency(
     let commits = commit_steadily(&writer, tag, sizes.latency_commits, sizes.latency_rate).await?;
     let last = commits.last().expect("at least one commit");
     wait_for_tuple(fga, &last.user, &format!("document:{tag}"), patience).await?;
-    let got = receipts(fga);
+    // OpenFGA holds the tuple a moment before the proxy has recorded its answer.
+    let deadline = Instant::now() + patience;
+    let got = loop {
+        let got = receipts(fga);
+        if commits.iter().all(|c| got.contains_key(&c.user)) || Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
     let mut lat = Vec::with_capacity(commits.len());
     let mut from_send = Vec::with_capacity(commits.len());
     let mut early = 0;
@@ -148,7 +156,7 @@ pub(crate) async fn measure_latency(
     })
 }
 
-/// Waits until the stand-in holds `user viewer object`.
+/// Waits until OpenFGA holds `user viewer object`.
 pub(crate) async fn wait_for_tuple(
     fga: &Fga,
     user: &str,

@@ -17,7 +17,7 @@
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
 //! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `wait`,
-//! `idle`, `baseline`); `cpu.rs`
+//! `idle`, `baseline`, `real`); `cpu.rs`
 //! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
 //! prints the table.
 
@@ -44,6 +44,7 @@ mod idle;
 mod latency;
 mod linger;
 mod pgbench;
+mod real;
 mod speed;
 mod stats;
 mod summary;
@@ -81,6 +82,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Wait,
         Scenario::Idle,
         Scenario::Baseline,
+        Scenario::Real,
     ];
     let chosen: Vec<Scenario> = if args.only.is_empty() {
         all.to_vec()
@@ -105,6 +107,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Wait => results.wait = Some(bench.wait(&sizes).await?),
             Scenario::Idle => results.idle = Some(bench.idle(&sizes).await?),
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),
+            Scenario::Real => results.real = Some(bench.real(&sizes).await?),
         }
         println!("({scenario:?}: {:.1} s)", t.elapsed().as_secs_f64());
     }

@@ -9,6 +9,7 @@ use crate::history::History;
 use crate::idle::IdleResult;
 use crate::latency::LatencyResult;
 use crate::linger::LingerRow;
+use crate::real::Real;
 use crate::speed::Speed;
 use crate::stats::ms;
 use crate::wait::{ROUND_TRIP, SHIPPED, WaitResult};
@@ -26,6 +27,7 @@ pub(crate) struct Results {
     pub(crate) wait: Option<WaitResult>,
     pub(crate) idle: Option<IdleResult>,
     pub(crate) baseline: Option<BaselineResult>,
+    pub(crate) real: Option<Real>,
 }
 
 pub(crate) fn verdict(ok: bool) -> &'static str {
@@ -283,6 +285,45 @@ impl Results {
                 b.rows,
                 b.rows_per_s(),
                 b.writes
+            );
+        }
+        if let Some(r) = &self.real {
+            println!(
+                "| real OpenFGA (PostgreSQL): ceiling, bare client, 16 in flight | {:.0} tuples/s; Write p50 {} ms, p99 {} ms | | |",
+                r.ceiling.tuples_per_s(),
+                ms(r.ceiling.write.p50),
+                ms(r.ceiling.write.p99)
+            );
+            println!(
+                "| real OpenFGA: relay burn-down / ceiling | {:.0} tuples/s, {:.3} | ≥ 0.9 | {} |",
+                r.relay.tuples_per_s(),
+                r.ratio(),
+                self.verdict(sizes, r.ratio() >= 0.9)
+            );
+            let (add50, add99) = (r.check.p50 - r.write.p50, r.check.p99 - r.write.p99);
+            println!(
+                "| real OpenFGA: commit → Check allowed at {}/s | p50 {} ms, p99 {} ms; OpenFGA's Write p50 {} ms, p99 {} ms; the relay adds {} / {} ms | adds ≤ 1 ms p50, ≤ 3 ms p99 | {} |",
+                sizes.latency_rate,
+                ms(r.check.p50),
+                ms(r.check.p99),
+                ms(r.write.p50),
+                ms(r.write.p99),
+                ms(add50),
+                ms(add99),
+                self.verdict(sizes, add50 <= 1.0 && add99 <= 3.0)
+            );
+            for w in &r.windows {
+                println!(
+                    "| real OpenFGA: bare client, {} in flight | {:.0} tuples/s; Write p50 {} ms, p99 {} ms | | |",
+                    w.window,
+                    w.tuples_per_s(),
+                    ms(w.write.p50),
+                    ms(w.write.p99)
+                );
+            }
+            println!(
+                "| (load during the real-OpenFGA scenario) | {} | | |",
+                r.load
             );
         }
     }

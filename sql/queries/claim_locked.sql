@@ -12,7 +12,8 @@
 -- page without locks (claim.sql), and finds the held row when its Write tries to lock it.
 -- An adopted table (the application's own) may allow NULL in created_at and attempts; such a
 -- row is read as just created and never tried, not refused.
-SELECT id, payload::text, coalesce(created_at, clock_timestamp()), coalesce(attempts, 0)
+SELECT id, payload::text, coalesce(created_at, clock_timestamp()), coalesce(attempts, 0),
+       retried_at IS NOT NULL
 FROM fga_outbox
 WHERE processed_at IS NULL AND failed_at IS NULL AND id >= $1
   AND pg_advisory_xact_lock(1718051123,

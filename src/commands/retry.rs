@@ -1,8 +1,19 @@
-//! `fga-relay retry`: sends dead rows back to pending.
+//! `fga-relay retry`: sends dead rows back to pending, or (`--dry-run`) lists what the relay would
+//! replay of them and what it would skip.
+//!
+//! A dead row comes back after rows that may have been delivered meanwhile. The relay never
+//! applies one of its operations over a later row's operation on the same tuple: when it first
+//! reads a row that came back (the schema's trigger sets `retried_at` whatever brings it back),
+//! it skips the operations whose tuple a later delivered row touches (see
+//! `sql/queries/superseded.sql`), logs each, and records them in the row's `last_error`.
+//! `--dry-run` runs the same query now; the relay's own look, when it sends the row, also sees
+//! the rows delivered in between.
 
 use super::failure::Failure;
 use super::open::open_store;
+use crate::payload::{Op, Payload, TupleKey};
 use crate::settings::DbArgs;
+use crate::store::Store;
 use clap::Args;
 use std::process::ExitCode;
 use tracing::{info, warn};
@@ -14,6 +25,10 @@ pub struct Retry {
     /// Every dead row.
     #[arg(long, conflicts_with = "ids")]
     dead: bool,
+    /// Change nothing: list, for each dead row, the operations the relay would replay and those
+    /// it would skip (a later delivered row touches their tuple).
+    #[arg(long)]
+    dry_run: bool,
     /// These rows (ids).
     #[arg(required_unless_present = "dead")]
     ids: Vec<i64>,
@@ -21,14 +36,39 @@ pub struct Retry {
 
 impl Retry {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
-        let Retry { db, dead, ids } = self;
+        let Retry {
+            db,
+            dead,
+            dry_run,
+            ids,
+        } = self;
         let store = open_store(&db.settings()?, "fga-relay retry").await?;
-        let sent = store.retry((!dead).then_some(ids.as_slice())).await?;
+        let which = (!dead).then_some(ids.as_slice());
+        if dry_run {
+            let rows = store.dead_rows(which).await?;
+            for (id, text) in &rows {
+                for line in preview(&store, *id, text).await? {
+                    println!("{line}");
+                }
+            }
+            if !dead {
+                for id in ids.iter().filter(|id| !rows.iter().any(|(r, _)| r == *id)) {
+                    println!("row {id}: not a dead row, left as it is");
+                }
+            }
+            println!(
+                "{} dead row(s) would be sent back to pending (dry run: nothing changed)",
+                rows.len()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        let sent = store.retry(which).await?;
         for (id, last_error) in &sent {
             info!(
                 id,
                 last_error = last_error.as_deref().unwrap_or(""),
-                "dead row sent back to pending"
+                "dead row sent back to pending (operations superseded by later delivered rows \
+                 are skipped when the relay reads it)"
             );
         }
         if !dead {
@@ -39,4 +79,44 @@ impl Retry {
         println!("{} row(s) sent back to pending", sent.len());
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// What the relay would do with dead row `id` if it came back now: a line per operation.
+async fn preview(
+    store: &Store,
+    id: i64,
+    text: &Result<String, String>,
+) -> Result<Vec<String>, Failure> {
+    let payload = match text {
+        Ok(t) => Payload::parse_text(t).map_err(|e| e.to_string()),
+        Err(e) => Err(e.clone()),
+    };
+    let ops = match payload {
+        Ok(p) => p.ops,
+        Err(e) => return Ok(vec![format!("row {id}: {e} (dead-lettered again)")]),
+    };
+    let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
+    let conn = store
+        .pool()
+        .get()
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    let skipped = store
+        .superseded(&conn, id, &keys)
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    Ok(ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let kind = if op.is_write() { "write" } else { "delete" };
+            match skipped.iter().find(|(s, _)| *s == i) {
+                Some((_, by)) => format!(
+                    "row {id}: skip {kind} {} (superseded by row {by}, delivered)",
+                    op.key()
+                ),
+                None => format!("row {id}: replay {kind} {}", op.key()),
+            }
+        })
+        .collect())
 }

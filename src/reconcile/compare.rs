@@ -2,7 +2,7 @@
 //! changed while checking), counted into the summary; conditions compared as OpenFGA holds them.
 
 use crate::payload::TupleKey;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 /// A condition as both sides are compared: `{"name", "context"}` (an empty context is `{}`).
 pub(super) fn condition_value(c: &crate::payload::Condition) -> Value {
@@ -12,31 +12,9 @@ pub(super) fn condition_value(c: &crate::payload::Condition) -> Value {
     })
 }
 
-/// Whether two conditions are the same for OpenFGA: its context is a protobuf Struct, whose
-/// numbers are doubles (`1` and `1.0` are one value, and an integer beyond 2^53 comes back
-/// rounded).
+/// Whether two conditions are the same for OpenFGA (see [`crate::payload::same_condition`]).
 pub(super) fn same_condition(expected: Option<&Value>, held: Option<&Value>) -> bool {
-    match (expected, held) {
-        (None, None) => true,
-        (Some(a), Some(b)) => as_struct(a) == as_struct(b),
-        _ => false,
-    }
-}
-
-pub(super) fn as_struct(v: &Value) -> Value {
-    match v {
-        Value::Number(n) => n
-            .as_f64()
-            .and_then(serde_json::Number::from_f64)
-            .map_or_else(|| v.clone(), Value::Number),
-        Value::Array(items) => Value::Array(items.iter().map(as_struct).collect()),
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .map(|(k, v)| (k.clone(), as_struct(v)))
-                .collect::<Map<_, _>>(),
-        ),
-        other => other.clone(),
-    }
+    crate::payload::same_condition(expected, held)
 }
 
 /// `name {context}`, or `name` alone for an empty context, or `none`.
@@ -214,7 +192,7 @@ mod tests {
         assert!(same_condition(None, None));
         let empty = crate::payload::Condition {
             name: "c".into(),
-            context: Map::new(),
+            context: serde_json::Map::new(),
         };
         assert_eq!(condition_value(&empty), json!({"name": "c", "context": {}}));
         assert_eq!(describe_condition(Some(&condition_value(&empty))), "c");

@@ -119,6 +119,19 @@ impl TestDb {
         &self.url
     }
 
+    /// The database as a URI, for clients that take no keyword string (OpenFGA's
+    /// `--datastore-uri`).
+    pub fn uri(&self) -> String {
+        match &self.kind {
+            Kind::Cluster { dir, .. } => format!(
+                "postgres://postgres@/postgres?host={}&port={}&sslmode=disable",
+                dir.display(),
+                self.tcp_port.unwrap_or(5432)
+            ),
+            Kind::Shared { .. } => self.url.clone(),
+        }
+    }
+
     /// The TCP port on 127.0.0.1, when the cluster listens there ([`PgOptions::tcp`]).
     pub fn tcp_port(&self) -> Option<u16> {
         self.tcp_port

@@ -14,6 +14,7 @@ mod libpq;
 mod listen;
 mod observability;
 mod openfga;
+mod order;
 mod payloads;
 mod reconcile;
 mod secret_files;

@@ -111,7 +111,7 @@ async fn a_deleted_store_holds_delivery_and_dead_letters_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_openfga_finds_invalid_holds_delivery_until_it_is_mended() {
     let db = TestDb::start();
-    let fga = Fga::builder().postgres(&datastore_uri(&db)).start();
+    let fga = Fga::builder().postgres(&db.uri()).start();
     let env = Env::with(db, fga).await;
     let admin = env.db.connect().await;
     // The stored model names type `user` in a relation's type restrictions; make that
@@ -147,17 +147,6 @@ async fn a_model_openfga_finds_invalid_holds_delivery_until_it_is_mended() {
             env.fga
                 .has(&format!("user:h{i}"), "viewer", "document:held")
         );
-    }
-}
-
-/// `db` as OpenFGA's `--datastore-uri` wants it: a URI (pgx takes no keyword string there).
-fn datastore_uri(db: &TestDb) -> String {
-    match db.socket_dir() {
-        Some(dir) => format!(
-            "postgres://postgres@/postgres?host={}&sslmode=disable",
-            dir.display()
-        ),
-        None => db.url().to_owned(),
     }
 }
 

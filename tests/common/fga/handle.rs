@@ -24,7 +24,7 @@ static STORES: AtomicUsize = AtomicUsize::new(0);
 /// of its own. Stops the proxy when dropped.
 pub struct Fga {
     /// Kept so that a server of this test's own lives as long as the store.
-    _server: Arc<super::openfga::Server>,
+    server: Arc<super::openfga::Server>,
     api: Api,
     store_id: String,
     store_name: String,
@@ -122,7 +122,7 @@ impl FgaBuilder {
             })
             .expect("spawn the proxy thread");
         Fga {
-            _server: server,
+            server,
             api,
             store_id,
             store_name,
@@ -159,6 +159,12 @@ impl Fga {
     /// The proxy, as the relay is pointed at it: `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The server itself, past the proxy: for a client that wants OpenFGA without faults or
+    /// records in between (the benchmark's measurements against the real thing).
+    pub fn direct_url(&self) -> &str {
+        &self.server.url
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -1,0 +1,273 @@
+//! Scenario: a real OpenFGA (the newest the tests run) on its PostgreSQL datastore, a cluster of
+//! its own with production durability, the relay talking to it directly (no proxy between).
+//!
+//! - The ceiling: a bare client sending the relay's Writes (100 tuples of the burn-down's rows)
+//!   straight to OpenFGA, with as many in flight as the relay's default window, no outbox.
+//! - The relay's burn-down of the same tuples, as a ratio of that ceiling.
+//! - Latency: commit → a Check that answers allowed, at the latency scenario's rate, beside
+//!   OpenFGA's own Write latency (single-tuple Writes at the same rate from the bare client).
+//! - The window: the bare client at 4, 8, 16 and 32 Writes in flight: what each does to
+//!   OpenFGA's throughput and to its Write latency.
+
+use crate::args::Sizes;
+use crate::burndown::BurnDown;
+use crate::common::fga::Fga;
+use crate::common::pg::{PgOptions, TestDb};
+use crate::cpu::loadavg;
+use crate::harness::Bench;
+use crate::stats::Dist;
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+/// The relay's default `--max-in-flight`.
+const DEFAULT_WINDOW: usize = 16;
+const WINDOWS: [usize; 4] = [4, 8, 16, 32];
+const TUPLES_PER_WRITE: usize = 100;
+
+/// A bare client's run: Writes of 100 tuples, `window` in flight.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Bare {
+    pub(crate) window: usize,
+    pub(crate) tuples: usize,
+    pub(crate) secs: f64,
+    /// Each Write's round trip.
+    pub(crate) write: Dist,
+}
+
+impl Bare {
+    pub(crate) fn tuples_per_s(&self) -> f64 {
+        self.tuples as f64 / self.secs
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Real {
+    pub(crate) ceiling: Bare,
+    pub(crate) relay: BurnDown,
+    /// Commit returned → the first Check that answered allowed.
+    pub(crate) check: Dist,
+    /// OpenFGA's own single-tuple Write, at the same rate, from the bare client.
+    pub(crate) write: Dist,
+    pub(crate) windows: Vec<Bare>,
+    pub(crate) load: String,
+}
+
+impl Real {
+    pub(crate) fn ratio(&self) -> f64 {
+        self.relay.tuples_per_s() / self.ceiling.tuples_per_s()
+    }
+}
+
+/// The burn-down rows' tuples (`rows_sql`'s shape: two a row), in Writes of 100.
+fn bodies(tag: &str, rows: usize) -> Vec<Value> {
+    let tuples: Vec<Value> = (1..=rows)
+        .flat_map(|g| {
+            [
+                json!({"user": format!("capture_job:{tag}{g}"), "relation": "parent",
+                       "object": format!("archive:{tag}{g}")}),
+                json!({"user": "organization:acme", "relation": "parent",
+                       "object": format!("capture_job:{tag}{g}")}),
+            ]
+        })
+        .collect();
+    tuples
+        .chunks(TUPLES_PER_WRITE)
+        .map(|c| json!({"writes": {"tuple_keys": c, "on_duplicate": "ignore"}}))
+        .collect()
+}
+
+/// Sends `bodies` to OpenFGA with `window` in flight; fails on any answer but success.
+async fn send_all(
+    http: &reqwest::Client,
+    url: &str,
+    bodies: Vec<Value>,
+    window: usize,
+) -> Result<(f64, Dist)> {
+    let slots = Arc::new(Semaphore::new(window));
+    let mut tasks = JoinSet::new();
+    let t0 = Instant::now();
+    for body in bodies {
+        let slot = slots.clone().acquire_owned().await?;
+        let (http, url) = (http.clone(), url.to_owned());
+        tasks.spawn(async move {
+            let t = Instant::now();
+            let answer = http.post(&url).json(&body).send().await;
+            drop(slot);
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            match answer {
+                Ok(a) if a.status().is_success() => Ok(ms),
+                Ok(a) => bail!(
+                    "OpenFGA answered {}: {}",
+                    a.status(),
+                    a.text().await.unwrap_or_default()
+                ),
+                Err(e) => bail!("OpenFGA: {e}"),
+            }
+        });
+    }
+    let mut ms = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        ms.push(done??);
+    }
+    Ok((t0.elapsed().as_secs_f64(), Dist::of(ms)))
+}
+
+async fn bare(
+    http: &reqwest::Client,
+    url: &str,
+    tag: &str,
+    rows: usize,
+    window: usize,
+) -> Result<Bare> {
+    let bodies = bodies(tag, rows);
+    let (secs, write) = send_all(http, url, bodies, window).await?;
+    Ok(Bare {
+        window,
+        tuples: 2 * rows,
+        secs,
+        write,
+    })
+}
+
+/// `n` single-tuple operations at `rate` a second, each started on schedule: `act(i)` is timed
+/// from its start.
+async fn steadily<F, Fut>(n: usize, rate: u32, act: F) -> Result<Dist>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<f64>> + Send + 'static,
+{
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let start = tokio::time::Instant::now() + Duration::from_millis(20);
+    let mut tasks = JoinSet::new();
+    for i in 0..n {
+        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
+        tasks.spawn(act(i));
+    }
+    let mut ms = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        ms.push(done??);
+    }
+    Ok(Dist::of(ms))
+}
+
+/// Checks `user viewer object` until OpenFGA answers allowed; the milliseconds from `since`.
+async fn until_allowed(
+    http: reqwest::Client,
+    url: String,
+    user: String,
+    object: String,
+    since: Instant,
+) -> Result<f64> {
+    let body = json!({"tuple_key": {"user": user, "relation": "viewer", "object": object}});
+    let deadline = since + Duration::from_secs(30);
+    loop {
+        let answer: Value = http.post(&url).json(&body).send().await?.json().await?;
+        if answer["allowed"] == json!(true) {
+            return Ok(since.elapsed().as_secs_f64() * 1e3);
+        }
+        if Instant::now() > deadline {
+            bail!("{user} never allowed on {object}");
+        }
+    }
+}
+
+impl Bench {
+    pub(crate) async fn real(&self, sizes: &Sizes) -> Result<Real> {
+        // OpenFGA's own database, as in production: a cluster apart from the outbox's.
+        let datastore = TestDb::start_with(PgOptions {
+            durable: true,
+            ..PgOptions::default()
+        });
+        let fga = Fga::builder().postgres(&datastore.uri()).start();
+        let base = fga.direct_url().to_owned();
+        let store = fga.store_id().to_owned();
+        let write_url = format!("{base}/stores/{store}/write");
+        let check_url = format!("{base}/stores/{store}/check");
+        let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
+        let rows = sizes.real_backlog;
+        println!(
+            "OpenFGA {} on PostgreSQL (fsync on); {rows} rows of 2 tuples, Writes of 100",
+            fga.version()
+        );
+        // Warm-up: connections, OpenFGA's caches and its tables' first pages.
+        bare(&http, &write_url, "rw", rows.min(1_000), DEFAULT_WINDOW).await?;
+
+        let ceiling = bare(&http, &write_url, "rc", rows, DEFAULT_WINDOW).await?;
+        println!(
+            "  ceiling, bare client, {DEFAULT_WINDOW} in flight: {:.0} tuples/s; Write {}",
+            ceiling.tuples_per_s(),
+            ceiling.write.line()
+        );
+        self.truncate().await?;
+        let relay = self
+            .burn_with(rows, "rb", &fga, &[("FGA_API_URL", &base)])
+            .await?;
+        relay.print("relay burn-down");
+        println!(
+            "  relay / ceiling: {:.3}",
+            relay.tuples_per_s() / ceiling.tuples_per_s()
+        );
+
+        let n = sizes.latency_commits;
+        let rate = sizes.latency_rate;
+        self.truncate().await?;
+        let relay_proc = self.start_relay(&fga, &[("FGA_API_URL", &base)]).await?;
+        let writer = Arc::new(self.db.connect().await);
+        let insert = writer
+            .prepare("INSERT INTO fga_outbox (payload) VALUES ($1)")
+            .await?;
+        let check = steadily(n, rate, |i| {
+            let (writer, insert, http, url) =
+                (writer.clone(), insert.clone(), http.clone(), check_url.clone());
+            async move {
+                let user = format!("user:rl{i}");
+                let payload =
+                    json!({"writes": [{"user": user, "relation": "viewer", "object": "document:rl"}]});
+                writer.execute(&insert, &[&payload]).await?;
+                until_allowed(http, url, user, "document:rl".into(), Instant::now()).await
+            }
+        })
+        .await?;
+        self.stop_relay(relay_proc, "real latency", &[]).await;
+        let write = steadily(n, rate, |i| {
+            let (http, url) = (http.clone(), write_url.clone());
+            async move {
+                let body = json!({"writes": {"tuple_keys": [
+                    {"user": format!("user:rw{i}"), "relation": "viewer", "object": "document:rw"}
+                ]}});
+                let t = Instant::now();
+                let answer = http.post(&url).json(&body).send().await?;
+                if !answer.status().is_success() {
+                    bail!("OpenFGA answered {}", answer.status());
+                }
+                Ok(t.elapsed().as_secs_f64() * 1e3)
+            }
+        })
+        .await?;
+        println!("  commit → Check allowed at {rate}/s: {}", check.line());
+        println!("  OpenFGA's own Write at {rate}/s:   {}", write.line());
+
+        let mut windows = Vec::new();
+        for (k, window) in WINDOWS.into_iter().enumerate() {
+            let b = bare(&http, &write_url, &format!("rx{k}"), rows, window).await?;
+            println!(
+                "  bare client, {window:>2} in flight: {:.0} tuples/s; Write {}",
+                b.tuples_per_s(),
+                b.write.line()
+            );
+            windows.push(b);
+        }
+        Ok(Real {
+            ceiling,
+            relay,
+            check,
+            write,
+            windows,
+            load: loadavg(),
+        })
+    }
+}

@@ -1,0 +1,167 @@
+//! The order rule: which rows a Write may carry.
+//!
+//! A row is sent only if no earlier row that touches one of its tuples is still undelivered in
+//! this pass: every row that fails, is held back or is held by another session adds its tuples
+//! to the pass's *blocked* set, and every later row touching a blocked tuple is passed over (and
+//! blocks its own tuples in turn). Rows on other tuples go on. A pass always starts again from
+//! the lowest pending id, so a row passed over is looked at again, in order, by the next pass.
+
+use super::{Deliverer, PassReport};
+use crate::payload::{Op, TupleKey};
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// A row in a pass.
+pub(super) struct Candidate {
+    pub(super) id: i64,
+    pub(super) created_at: SystemTime,
+    pub(super) ops: Arc<[Op]>,
+    /// The hash of each operation's tuple key, parallel to `ops`.
+    pub(super) hashes: Vec<u64>,
+    /// The payload's text as read: the Write goes only if its lock finds the same (a page is
+    /// read without locks), and a row is dead-lettered only for what it still says.
+    pub(super) text: Arc<str>,
+}
+
+/// The rows of one Write and which of their operations it carries.
+pub(super) struct Plan {
+    pub(super) rows: Vec<(Candidate, Vec<usize>)>,
+}
+
+impl Plan {
+    pub(super) fn ids(&self) -> Vec<i64> {
+        self.rows.iter().map(|(c, _)| c.id).collect()
+    }
+
+    pub(super) fn into_rows(self) -> Vec<Candidate> {
+        self.rows.into_iter().map(|(c, _)| c).collect()
+    }
+
+    /// The operations this Write carries, in order: borrowed from the rows, not copied.
+    pub(super) fn ops(&self) -> Vec<&Op> {
+        self.rows
+            .iter()
+            .flat_map(|(c, idx)| idx.iter().map(|&i| &c.ops[i]))
+            .collect()
+    }
+
+    pub(super) fn n_ops(&self) -> usize {
+        self.rows.iter().map(|(_, idx)| idx.len()).sum()
+    }
+}
+
+pub(super) fn key_hash(k: &TupleKey) -> u64 {
+    let mut h = DefaultHasher::new();
+    k.hash(&mut h);
+    h.finish()
+}
+
+impl Deliverer {
+    /// Takes the rows of the next Write from the queue: in id order, as many as the tuple limit
+    /// and the rows' halving allow, never the same tuple twice, and none on a tuple of a Write
+    /// in flight or of an earlier row left waiting; a row larger than the limit goes alone, in
+    /// parts (smaller once a part was too large). Rows touching a blocked tuple are passed over
+    /// for the pass. Rows with nothing left to send are delivered without a Write.
+    pub(super) fn plan_write(
+        &mut self,
+        queue: &mut BTreeMap<i64, Candidate>,
+        blocked: &mut HashSet<u64>,
+        in_flight: &HashMap<u64, usize>,
+        report: &mut PassReport,
+        delivered: &mut Vec<i64>,
+    ) -> Option<Plan> {
+        let limit = self.max_tuples;
+        let mut rows: Vec<(Candidate, Vec<usize>)> = Vec::new();
+        let mut keys: HashSet<u64> = HashSet::new();
+        // Tuples of rows left in the queue by this scan: every later row on them waits too.
+        let mut waiting: HashSet<u64> = HashSet::new();
+        let mut n_ops = 0usize;
+        let mut cap = usize::MAX;
+        let ids: Vec<i64> = queue.keys().copied().collect();
+        for id in ids {
+            let Some(c) = queue.get(&id) else { continue };
+            if c.hashes.iter().any(|h| blocked.contains(h)) {
+                if let Some(c) = queue.remove(&id) {
+                    blocked.extend(c.hashes.iter().copied());
+                }
+                report.held += 1;
+                continue;
+            }
+            if c.hashes
+                .iter()
+                .any(|h| in_flight.contains_key(h) || waiting.contains(h))
+            {
+                waiting.extend(c.hashes.iter().copied());
+                continue;
+            }
+            let memo = self.memo.get(&id);
+            let remaining: Vec<usize> = (0..c.ops.len())
+                .filter(|i| memo.is_none_or(|m| !m.done.contains(i)))
+                .collect();
+            if remaining.is_empty() {
+                // A retried row whose every operation is superseded (a Write's answer that
+                // finishes a row marks it in its own transaction). Marked at the end of the
+                // pass, and until then its tuples stay blocked: if the mark is lost, it is
+                // looked at again before any later row on them, never after.
+                if let Some(c) = queue.remove(&id) {
+                    blocked.extend(c.hashes.iter().copied());
+                    self.row_delivered(&c, report);
+                    delivered.push(c.id);
+                }
+                continue;
+            }
+            let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
+            let part_cap = memo.and_then(|m| m.max_part).unwrap_or(limit).min(limit);
+            if rows.is_empty() {
+                let Some(c) = queue.remove(&id) else { continue };
+                if remaining.len() > part_cap {
+                    // Too large for one Write: send it in parts, alone, in order.
+                    let part: Vec<usize> = remaining.into_iter().take(part_cap).collect();
+                    rows.push((c, part));
+                    break;
+                }
+                keys.extend(remaining.iter().map(|&i| c.hashes[i]));
+                n_ops = remaining.len();
+                cap = row_cap;
+                rows.push((c, remaining));
+                continue;
+            }
+            if rows.len() >= cap.min(row_cap) || n_ops + remaining.len() > limit {
+                break;
+            }
+            if remaining.iter().any(|&i| keys.contains(&c.hashes[i])) {
+                // Its tuple is in this Write: it goes after it, as does every later row on it.
+                waiting.extend(c.hashes.iter().copied());
+                continue;
+            }
+            let Some(c) = queue.remove(&id) else { continue };
+            keys.extend(remaining.iter().map(|&i| c.hashes[i]));
+            n_ops += remaining.len();
+            cap = cap.min(row_cap);
+            rows.push((c, remaining));
+        }
+        (!rows.is_empty()).then_some(Plan { rows })
+    }
+
+    /// Puts rows back into the queue, in their place.
+    pub(super) fn requeue(queue: &mut BTreeMap<i64, Candidate>, rows: Vec<Candidate>) {
+        for c in rows {
+            queue.insert(c.id, c);
+        }
+    }
+
+    /// The row and operation index of the `flat`-th operation of a plan.
+    pub(super) fn locate(plan: &Plan, flat: usize) -> Option<(usize, usize)> {
+        let mut n = flat;
+        for (r, (_, idx)) in plan.rows.iter().enumerate() {
+            if n < idx.len() {
+                return Some((r, idx[n]));
+            }
+            n -= idx.len();
+        }
+        None
+    }
+}

@@ -1,0 +1,361 @@
+//! One Write: its lock, its send, and the mark of the rows it finishes.
+//!
+//! Up to a window of Writes are in flight at once, and no two of them touch the same tuple: a
+//! row on a tuple of a Write in flight waits for that Write's answer, and so does every later
+//! row on its tuples (the order rule with the Write still undecided). Rows are read a page at a
+//! time without locks; each Write runs in a transaction of its own that locks its rows
+//! (`FOR UPDATE SKIP LOCKED`: a row another session holds is not sent, and blocks its tuples;
+//! so does a row whose payload the lock finds changed since its page was read),
+//! sends the Write, and marks the rows delivered when OpenFGA accepts it. The exception is a
+//! pass's first page, read already locked: when it is exactly the first Write, that Write goes
+//! in the transaction that read it (see [`Spare`]). So rows are marked as
+//! their Writes are answered, no transaction spans more than one Write, and a crash sends again
+//! at most what was in flight. The window adapts as TCP's does: halved by a 429, a 5xx or a
+//! timeout, grown by one Write per window of successes, up to `--max-in-flight`. A
+//! `Retry-After` closes a gate every Write about to leave looks at, so that none goes out before
+//! the wait is over; and every Write about to leave asks the pass's `keep_going` (shutdown, the
+//! leader's lease) once more, so that a relay stopped while its rows were being locked sends
+//! nothing once continued.
+
+use super::order::Plan;
+use super::{Deliverer, Memo};
+use crate::metrics::Metrics;
+use crate::openfga::{FgaClient, WriteError};
+use crate::payload::{Condition, Op, same_condition};
+use crate::send_window::SendWindow;
+use crate::store::{Store, StoreError};
+use deadpool_postgres::GenericClient;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+/// One Write on its way: its rows, every tuple they touch (no other Write in flight may touch
+/// them), and the rows it completes.
+pub(super) struct Flight {
+    pub(super) plan: Plan,
+    pub(super) keys: Vec<u64>,
+    /// Rows all of whose operations this Write applies: marked delivered in its transaction.
+    pub(super) complete: Vec<i64>,
+}
+
+/// When OpenFGA asked (`Retry-After`) that no Write be sent before: set by the Write that got
+/// the answer, read by every Write about to leave, so that none already planned goes out
+/// meanwhile.
+#[derive(Clone, Default)]
+pub(super) struct Gate(Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl Gate {
+    pub(super) fn close_until(&self, at: Instant) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = Some(g.map_or(at, |t| t.max(at)));
+        }
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.0
+            .lock()
+            .map(|g| g.is_some_and(|t| t > Instant::now()))
+            .unwrap_or(false)
+    }
+}
+
+/// How a Write ended.
+pub(super) enum Answer {
+    /// Not sent: OpenFGA asked for a pause meanwhile, or the pass was told to stop (shutdown,
+    /// leadership lost) while the rows were being locked. The rows go back to the queue.
+    Deferred,
+    /// These rows are held by another session, or changed since they were read: nothing was
+    /// sent.
+    Held(Vec<i64>),
+    /// OpenFGA's answer; on success the rows are marked delivered already.
+    Sent(Result<(), WriteError>),
+}
+
+impl Flight {
+    pub(super) fn new(plan: Plan, memo: &HashMap<i64, Memo>) -> Flight {
+        let keys = plan
+            .rows
+            .iter()
+            .flat_map(|(c, _)| c.hashes.iter().copied())
+            .collect();
+        let complete = plan
+            .rows
+            .iter()
+            .filter(|(c, idx)| {
+                memo.get(&c.id).map_or(0, |m| m.done.len()) + idx.len() >= c.ops.len()
+            })
+            .map(|(c, _)| c.id)
+            .collect();
+        Flight {
+            plan,
+            keys,
+            complete,
+        }
+    }
+
+    /// The row an "already applied" answer finishes: the one whose only operation in this
+    /// Write is the one OpenFGA already had, if the Write completes it.
+    pub(super) fn finished_by(&self, e: &WriteError) -> Option<i64> {
+        let WriteError::AlreadyApplied { op, .. } = e else {
+            return None;
+        };
+        let r = match op {
+            Some(i) => Deliverer::locate(&self.plan, *i)?.0,
+            // Unnamed: only a Write of one operation says which.
+            None if self.plan.n_ops() == 1 => 0,
+            None => return None,
+        };
+        let (c, idx) = self.plan.rows.get(r)?;
+        (idx.len() == 1 && self.complete.contains(&c.id)).then_some(c.id)
+    }
+
+    /// Sends the Write in a transaction of its own that holds its rows' locks while it is in
+    /// flight and, when OpenFGA accepts it, marks the rows it completes delivered. So rows are
+    /// marked as their Writes are answered, and a crash leaves at most the Writes in flight to
+    /// send again. `locked`: that transaction, already open with exactly these rows locked (the
+    /// pass's first page, see [`Spare`]).
+    pub(super) async fn fly(
+        self,
+        crew: Crew,
+        locked: Option<WriteTx>,
+    ) -> (Flight, Result<Answer, StoreError>) {
+        let answer = self.send(&crew, locked).await;
+        (self, answer)
+    }
+
+    /// Opens the Write's transaction and locks its rows, or says why the Write does not go.
+    pub(super) async fn lock(&self, crew: &Crew) -> Result<Result<WriteTx, Answer>, StoreError> {
+        let tx = WriteTx(Some(crew.store.pool().get().await?));
+        let conn = tx.conn();
+        let lock = crew.store.lock_statement(conn).await?;
+        let ids = self.plan.ids();
+        // BEGIN and the lock in one round trip, as are the mark and COMMIT in `send`: one Write
+        // at a time then costs no more round trips than a page claimed at once did.
+        let got: HashMap<i64, String> = Store::begin_and_query(conn, &lock, &[&ids])
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        // The Write sends what its lock sees: a row whose payload changed since its page was
+        // read (pages after the first are read without locks) is passed over as a row another
+        // session holds, and read again, as it is then, by the next pass.
+        let missing: Vec<i64> = self
+            .plan
+            .rows
+            .iter()
+            .filter(|(c, _)| got.get(&c.id).is_none_or(|t| **t != *c.text))
+            .map(|(c, _)| c.id)
+            .collect();
+        if !missing.is_empty() {
+            tx.rollback().await?;
+            return Ok(Err(Answer::Held(missing)));
+        }
+        Ok(Ok(tx))
+    }
+
+    pub(super) async fn send(
+        &self,
+        crew: &Crew,
+        locked: Option<WriteTx>,
+    ) -> Result<Answer, StoreError> {
+        let Crew {
+            store,
+            client,
+            metrics,
+            gate,
+            ask,
+            window,
+        } = crew;
+        let tx = match locked {
+            Some(tx) => tx,
+            None if gate.is_closed() => return Ok(Answer::Deferred),
+            None => match self.lock(crew).await? {
+                Ok(tx) => tx,
+                Err(answer) => return Ok(answer),
+            },
+        };
+        if gate.is_closed() {
+            tx.rollback().await?;
+            return Ok(Answer::Deferred);
+        }
+        // The pass's `keep_going` (shutdown, the lease) is asked again before the Write goes:
+        // the lock took a round trip since the Write was planned. The lease is asked once more
+        // by the Write's body, as the connection writes it (see `send_window`).
+        let (reply, answer) = oneshot::channel();
+        if ask.send(reply).is_err() || !answer.await.unwrap_or(false) {
+            tx.rollback().await?;
+            return Ok(Answer::Deferred);
+        }
+        let ops = self.plan.ops();
+        let started = Instant::now();
+        let result = match client.write(&ops, window).await {
+            Err(WriteError::AlreadyApplied { op, message }) => {
+                confirm_applied(client, &ops, op, message).await
+            }
+            r => r,
+        };
+        let sent = !matches!(result, Err(WriteError::NotSent));
+        if sent {
+            let outcome = match &result {
+                Ok(()) => "ok",
+                Err(e) => e.class().as_str(),
+            };
+            metrics.request(outcome, started.elapsed().as_secs_f64());
+            metrics.writes_sent.inc();
+        }
+        if !sent || (result.is_err() && !window.is_open()) {
+            // Not sent, or the lease ran out meanwhile: whatever became of the Write, the next
+            // leader sends its rows again after the fence. Nothing to hold against them.
+            tx.rollback().await?;
+            return Ok(Answer::Deferred);
+        }
+        if let Err(e) = &result
+            && let Some(wait) = e.retry_after()
+        {
+            gate.close_until(Instant::now() + wait);
+        }
+        // Rows this answer finishes: on success, those whose every operation it applied; on an
+        // older OpenFGA's "already exists"/"does not exist", the row whose last operation it was.
+        // Marked here, under the Write's lock and before anything releases their tuples: a
+        // row finished without a mark of its own would be sent again, after later rows on them.
+        let finished = match &result {
+            Ok(()) => self.complete.clone(),
+            Err(e) => self.finished_by(e).into_iter().collect(),
+        };
+        if !finished.is_empty() {
+            // A failed UPDATE turns the COMMIT into a rollback; the rows are sent again.
+            let conn = tx.conn();
+            let mark = store.mark_statement(conn).await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&finished];
+            let (marked, committed) =
+                tokio::join!(conn.execute(&mark, &params), conn.batch_execute("COMMIT"));
+            marked?;
+            committed?;
+            tx.finish();
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(Answer::Sent(result))
+    }
+}
+
+/// An older OpenFGA's "already exists" for a write says only that the tuple exists, not that it
+/// holds the row's condition: such a server answers so whatever condition it holds, and the
+/// row's would never land. So the tuple is read back: held as written, the write counts as
+/// applied; held with another condition (or none where the row has one), the operation is
+/// rejected, and its row dead-lettered with the reason, never marked delivered. A delete's "does
+/// not exist" needs no look.
+pub(super) async fn confirm_applied(
+    client: &FgaClient,
+    ops: &[&Op],
+    op: Option<usize>,
+    message: String,
+) -> Result<(), WriteError> {
+    let applied = WriteError::AlreadyApplied { op, message };
+    let Some(i) = op.or((ops.len() == 1).then_some(0)) else {
+        return Err(applied);
+    };
+    let Some(Op::Write { key, condition }) = ops.get(i).copied() else {
+        return Err(applied);
+    };
+    let page = match client.read(Some(key), 1, "").await {
+        Ok(page) => page,
+        // Whether it holds the row's condition is not known: sent again later, not counted.
+        Err(e @ (WriteError::Transient { .. } | WriteError::Throttled { .. })) => return Err(e),
+        Err(e) => {
+            return Err(WriteError::Transient {
+                reason: format!("reading back {key} after \"already exists\" failed: {e}"),
+                retry_after: e.retry_after(),
+            });
+        }
+    };
+    let Some(held) = page.tuples.iter().find(|t| t.key == *key) else {
+        // Gone since (another writer): the write is sent again.
+        return Err(WriteError::Transient {
+            reason: format!("OpenFGA answered that {key} exists, and then did not hold it"),
+            retry_after: None,
+        });
+    };
+    let wanted = condition.as_ref().map(Condition::to_value);
+    let holds = held.condition.as_ref().map(Condition::to_value);
+    if same_condition(wanted.as_ref(), holds.as_ref()) {
+        return Err(applied);
+    }
+    let describe =
+        |c: &Option<serde_json::Value>| c.as_ref().map_or("none".to_owned(), |v| v.to_string());
+    Err(WriteError::Rejected {
+        op: Some(i),
+        code: "condition_differs".to_owned(),
+        message: format!(
+            "OpenFGA already holds {key} with condition {}, not the row's {}; an OpenFGA older \
+             than 1.10 answers \"already exists\" and keeps the condition it holds (delete the \
+             tuple first, or upgrade OpenFGA)",
+            describe(&holds),
+            describe(&wanted)
+        ),
+    })
+}
+
+/// What every Write of a pass goes with: the database, OpenFGA, the metrics, the `Retry-After`
+/// gate, the way back to the pass's `keep_going`, and the lease's send window.
+#[derive(Clone)]
+pub(super) struct Crew {
+    pub(super) store: Store,
+    pub(super) client: Arc<FgaClient>,
+    pub(super) metrics: Metrics,
+    pub(super) gate: Gate,
+    pub(super) ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
+    pub(super) window: SendWindow,
+}
+
+/// A pooled connection with a Write's transaction open on it. Unless [`WriteTx::finish`]ed
+/// (committed or rolled back), it is closed rather than given back to the pool, so that no
+/// connection ever goes back to the pool inside a transaction (a Write cut short by an error or
+/// a cancelled task).
+pub(super) struct WriteTx(pub(super) Option<deadpool_postgres::Client>);
+
+impl WriteTx {
+    pub(super) fn conn(&self) -> &deadpool_postgres::Client {
+        self.0.as_ref().expect("taken only by finish and drop")
+    }
+
+    pub(super) fn finish(mut self) {
+        // Back to the pool, the transaction over.
+        drop(self.0.take());
+    }
+
+    /// Rolls the transaction back and gives the connection back to the pool.
+    pub(super) async fn rollback(self) -> Result<(), tokio_postgres::Error> {
+        self.conn().batch_execute("ROLLBACK").await?;
+        self.finish();
+        Ok(())
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(deadpool_postgres::Client::take(conn));
+        }
+    }
+}
+
+/// The pass's first page, read and locked in a transaction of its own (claim_locked.sql). When
+/// the pass's first Write is that whole page (the few rows a wake-up finds), the Write goes in
+/// that transaction and needs no lock statement: a round trip less between a commit and OpenFGA.
+/// Otherwise it is rolled back before any Write locks rows.
+pub(super) struct Spare {
+    pub(super) tx: WriteTx,
+    /// The rows it locked, in id order.
+    pub(super) ids: Vec<i64>,
+}
+
+impl Spare {
+    /// The transaction, if it locked exactly `plan`'s rows.
+    pub(super) fn fits(&self, plan: &Plan) -> bool {
+        let mut ids = plan.ids();
+        ids.sort_unstable();
+        ids == self.ids
+    }
+}

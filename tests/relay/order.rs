@@ -1,0 +1,380 @@
+//! Order per tuple where it is easiest to lose: rows finished by an older OpenFGA's "already
+//! exists", a rejected row another session holds, a row changed after its page was read, dead
+//! rows brought back by `retry`, and conditions an older OpenFGA cannot overwrite. Each test
+//! fails with its mechanism taken out.
+
+use crate::common::fga::{Fault, FaultRule, Fga, StoredTuple};
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, deletes, insert_with, tk, wait_until, writes};
+use serde_json::json;
+use std::time::Duration;
+
+/// How long the Write a test acts beside takes: below the request timeout the tests run with
+/// (2 s), long enough for the test's one statement meanwhile on a loaded machine.
+const SLOW_WRITE: Duration = Duration::from_millis(1500);
+
+/// When OpenFGA answered the first Write it received.
+fn first_answered(fga: &Fga) -> Option<std::time::Instant> {
+    fga.writes().first().and_then(|w| w.answered_at)
+}
+
+/// Every operation OpenFGA applied on `user relation object`, in order: true a write.
+fn applied_on(fga: &Fga, user: &str, relation: &str, object: &str) -> Vec<bool> {
+    fga.changelog()
+        .iter()
+        .filter(|c| c.user == user && c.relation == relation && c.object == object)
+        .map(|c| matches!(c.op, crate::common::fga::Op::Write))
+        .collect()
+}
+
+/// Waits until OpenFGA has received `n` Writes (a Write is recorded as it arrives).
+async fn wait_writes_received(fga: &Fga, n: usize) {
+    wait_until(PROMPTLY, &format!("{n} Write(s) received"), || async {
+        fga.write_count() >= n
+    })
+    .await;
+}
+
+/// On OpenFGA before 1.10 a row whose write OpenFGA already holds is finished by that answer,
+/// with no Write of its own to mark it. Its mark must land before a later row on its tuple is
+/// sent: here that mark fails once (a database error), and the relay must not send the later
+/// delete before the row is marked, or it sends the row again after the delete and OpenFGA
+/// ends up holding the tuple the outbox removed last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_finished_by_already_exists_is_marked_before_its_tuple_moves_on() {
+    let env = Env::with_fga(Fga::builder().legacy().start()).await;
+    env.fga
+        .insert_tuple(StoredTuple::new("user:anne", "viewer", "document:1"));
+    let t = tk("user:anne", "viewer", "document:1");
+    let first = env.insert(writes(std::slice::from_ref(&t))).await;
+    let last = env.insert(deletes(std::slice::from_ref(&t))).await;
+    // The first mark of `first` fails: the sequence counts attempts outside any transaction.
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SEQUENCE mark_attempts;
+             CREATE FUNCTION fail_first_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.id = {first} AND OLD.processed_at IS NULL
+                    AND NEW.processed_at IS NOT NULL AND nextval('mark_attempts') = 1 THEN
+                     RAISE EXCEPTION 'injected: the mark of row {first} is lost';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_first_mark BEFORE UPDATE ON fga_outbox
+                 FOR EACH ROW EXECUTE FUNCTION fail_first_mark();"
+        ))
+        .await
+        .unwrap();
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "both rows are delivered", || async {
+        env.row(first).await.delivered && env.row(last).await.delivered
+    })
+    .await;
+    let attempts: i64 = admin
+        .query_one("SELECT last_value FROM mark_attempts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(attempts >= 1, "the injected fault never fired");
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "OpenFGA holds the tuple the outbox deleted last (applied: {:?}); relay log:\n{}",
+        applied_on(&env.fga, "user:anne", "viewer", "document:1"),
+        relay.logs()
+    );
+}
+
+/// A row OpenFGA rejects (here a write whose tuple exists with another condition: 409) that
+/// another session holds when the relay dead-letters it stays pending; no later row on its
+/// tuple may overtake it meanwhile. Otherwise the later delete removes the tuple, the rejected
+/// write then succeeds, and OpenFGA holds a tuple the outbox deleted last.
+///
+/// The holder queues for the row's lock while its Write is in flight and gets it when the
+/// Write's transaction ends; the relay's dead-lettering, a moment later, may still come first
+/// (PostgreSQL wakes the waiter, which must then take the lock). Then the scenario did not
+/// happen, and it is tried again on another tuple.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_row_another_session_holds_keeps_its_tuple_blocked() {
+    let env = Env::start().await;
+    let relay = env.start_relay().await;
+    for n in 0..5 {
+        let object = format!("document:h{n}");
+        env.fga.insert_tuple(
+            StoredTuple::new("user:anne", "viewer", &object)
+                .with_condition("non_expired", json!({"expires_at": "2020-01-01T00:00:00Z"})),
+        );
+        // The rejected row's Write is slow, so that the holder queues for its lock meanwhile.
+        env.fga
+            .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+                "user:anne",
+                "viewer",
+                &object,
+            ));
+        let holder = env.db.connect().await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        let before = env.fga.write_count();
+        let mut conditioned = tk("user:anne", "viewer", &object);
+        conditioned["condition"] =
+            json!({"name": "non_expired", "context": {"expires_at": "2030-01-01T00:00:00Z"}});
+        // In one transaction: the pass that sends the rejected row has the later one too.
+        let writer = env.db.connect().await;
+        writer.batch_execute("BEGIN").await.unwrap();
+        let rejected = insert_with(&writer, writes(&[conditioned])).await;
+        let later = insert_with(&writer, deletes(&[tk("user:anne", "viewer", &object)])).await;
+        writer.batch_execute("COMMIT").await.unwrap();
+        wait_writes_received(&env.fga, before + 1).await;
+        holder
+            .execute(
+                "SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE",
+                &[&rejected],
+            )
+            .await
+            .unwrap();
+        if env.row(rejected).await.dead {
+            // The relay dead-lettered it before the holder took it: not the case tested.
+            holder.batch_execute("COMMIT").await.unwrap();
+            env.wait_delivered(later).await;
+            continue;
+        }
+        // A row on another tuple, inserted now, is delivered by a later pass than the one that
+        // saw the rejection: once it is, that pass is over.
+        let other = env
+            .insert(writes(&[tk(
+                "user:other",
+                "viewer",
+                &format!("document:o{n}"),
+            )]))
+            .await;
+        env.wait_delivered(other).await;
+        let overtaken = env.row(later).await.delivered;
+        holder.batch_execute("COMMIT").await.unwrap();
+        wait_until(PROMPTLY, "the rejected row is done with", || async {
+            let r = env.row(rejected).await;
+            (r.dead || r.delivered) && env.row(later).await.delivered
+        })
+        .await;
+        let r = env.row(rejected).await;
+        assert!(
+            !overtaken,
+            "the later delete went out while the rejected row was pending; relay log:\n{}",
+            relay.logs()
+        );
+        assert!(r.dead, "the rejected row ended {r:?}");
+        assert!(
+            !env.fga.has("user:anne", "viewer", &object),
+            "OpenFGA holds the tuple the outbox deleted last (applied: {:?})",
+            applied_on(&env.fga, "user:anne", "viewer", &object),
+        );
+        return;
+    }
+    panic!("in 5 tries the relay always dead-lettered the row before the holder took it");
+}
+
+/// A row read in a pass (without a lock) and changed before its Write locks it is sent as it is
+/// when locked, never with what it said when read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
+    let env = Env::start().await;
+    let a = tk("user:a", "viewer", "document:a");
+    let first = env.insert(writes(std::slice::from_ref(&a))).await;
+    // Behind `first` on its tuple: read with the page, then waits for `first`'s Write.
+    let changed = env
+        .insert(json!({
+            "writes": [tk("user:old", "viewer", "document:r")],
+            "deletes": [a],
+        }))
+        .await;
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+            "user:a",
+            "viewer",
+            "document:a",
+        ));
+    let admin = env.db.connect().await;
+    let relay = env.start_relay().await;
+    wait_writes_received(&env.fga, 1).await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&changed, &writes(&[tk("user:new", "viewer", "document:r")])],
+        )
+        .await
+        .unwrap();
+    let updated = std::time::Instant::now();
+    assert!(
+        first_answered(&env.fga).is_none_or(|at| at > updated),
+        "precondition: the row was changed after the Write before it was answered"
+    );
+    env.wait_delivered(changed).await;
+    env.wait_delivered(first).await;
+    assert!(
+        applied_on(&env.fga, "user:old", "viewer", "document:r").is_empty(),
+        "the row's old payload was sent; relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.fga.has("user:new", "viewer", "document:r"));
+    assert!(
+        env.fga.has("user:a", "viewer", "document:a"),
+        "the old payload's delete was applied"
+    );
+}
+
+/// On OpenFGA before 1.10, a write whose tuple exists with another condition is answered
+/// "already exists", and the new condition never lands. The relay reads the tuple back on that
+/// answer: held with another condition, the row is dead-lettered with the reason, never marked
+/// delivered; held as written, the row is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_openfga_holding_another_condition_dead_letters_the_write() {
+    let env = Env::with_fga(Fga::builder().legacy().start()).await;
+    let old = json!({"expires_at": "2020-01-01T00:00:00Z"});
+    for object in ["document:1", "document:2"] {
+        env.fga.insert_tuple(
+            StoredTuple::new("user:anne", "viewer", object)
+                .with_condition("non_expired", old.clone()),
+        );
+    }
+    let with = |object: &str, expires_at: &str| {
+        let mut t = tk("user:anne", "viewer", object);
+        t["condition"] = json!({"name": "non_expired", "context": {"expires_at": expires_at}});
+        t
+    };
+    let changed = env
+        .insert(writes(&[with("document:1", "2030-01-01T00:00:00Z")]))
+        .await;
+    let same = env
+        .insert(writes(&[with("document:2", "2020-01-01T00:00:00Z")]))
+        .await;
+    let out = env
+        .command(&["drain", "--timeout", "20s"])
+        .output()
+        .unwrap();
+    crate::common::relay::assert_success(&out, "drain");
+    let r = env.row(changed).await;
+    assert!(
+        r.dead && !r.delivered,
+        "the write whose condition OpenFGA did not take ended {r:?}; log:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reason = r.last_error.unwrap_or_default();
+    assert!(
+        reason.contains("condition") && reason.contains("2020-01-01"),
+        "the reason does not say what OpenFGA holds: {reason}"
+    );
+    let s = env.row(same).await;
+    assert!(
+        s.delivered,
+        "the write OpenFGA holds as written ended {s:?}"
+    );
+    assert_eq!(
+        env.fga.condition_of("user:anne", "viewer", "document:1"),
+        Some(json!({"name": "non_expired", "context": old}))
+    );
+}
+
+/// A 400 naming one tuple, as OpenFGA answers a tuple its model does not allow.
+fn invalid(user: &str, relation: &str, object: &str) -> FaultRule {
+    FaultRule::once(Fault::status(
+        400,
+        "validation_error",
+        &format!(
+            "Invalid tuple '{object}#{relation}@{user}'. Reason: relation '{relation}' not found"
+        ),
+    ))
+    .when_tuple(user, relation, object)
+}
+
+/// `fga-relay retry` never replays a dead row's operation over a later row's operation on the
+/// same tuple that OpenFGA already applied: a grant dead-lettered (the model did not allow it
+/// yet), a later revoke of it delivered, then the dead row retried, leaves the tuple revoked.
+/// Such operations are skipped and said so (`--dry-run`, the log, the row's `last_error`); the
+/// rest of a row, and a dead row nothing later touched, are delivered as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_never_replays_an_operation_a_later_row_superseded() {
+    let env = Env::start().await;
+    for (user, object) in [
+        ("user:anne", "document:1"),
+        ("user:carl", "document:3"),
+        ("user:dan", "document:4"),
+    ] {
+        env.fga.push_fault(invalid(user, "viewer", object));
+    }
+    let grant = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let pair = env
+        .insert(writes(&[
+            tk("user:bob", "viewer", "document:2"),
+            tk("user:carl", "viewer", "document:3"),
+        ]))
+        .await;
+    let untouched = env
+        .insert(writes(&[tk("user:dan", "viewer", "document:4")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the three rows are dead", || async {
+        env.row(grant).await.dead && env.row(pair).await.dead && env.row(untouched).await.dead
+    })
+    .await;
+    let revoke = env
+        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let revoke_bob = env
+        .insert(deletes(&[tk("user:bob", "viewer", "document:2")]))
+        .await;
+    env.wait_delivered(revoke).await;
+    env.wait_delivered(revoke_bob).await;
+
+    let out = env
+        .command(&["retry", "--dead", "--dry-run"])
+        .output()
+        .unwrap();
+    crate::common::relay::assert_success(&out, "retry --dry-run");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        format!("row {grant}: skip write document:1#viewer@user:anne (superseded by row {revoke}"),
+        format!(
+            "row {pair}: skip write document:2#viewer@user:bob (superseded by row {revoke_bob}"
+        ),
+        format!("row {pair}: replay write document:3#viewer@user:carl"),
+        format!("row {untouched}: replay write document:4#viewer@user:dan"),
+    ] {
+        assert!(
+            listed.contains(&line),
+            "--dry-run does not say {line:?}:\n{listed}"
+        );
+    }
+    assert!(env.row(grant).await.dead, "--dry-run changed a row");
+
+    let out = env.command(&["retry", "--dead"]).output().unwrap();
+    crate::common::relay::assert_success(&out, "retry --dead");
+    wait_until(PROMPTLY, "the retried rows are delivered", || async {
+        env.row(grant).await.delivered
+            && env.row(pair).await.delivered
+            && env.row(untouched).await.delivered
+    })
+    .await;
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the retried grant was applied over the later revoke (applied: {:?}); relay log:\n{}",
+        applied_on(&env.fga, "user:anne", "viewer", "document:1"),
+        relay.logs()
+    );
+    assert!(
+        !env.fga.has("user:bob", "viewer", "document:2"),
+        "the retried row's superseded write was applied"
+    );
+    assert!(env.fga.has("user:carl", "viewer", "document:3"));
+    assert!(env.fga.has("user:dan", "viewer", "document:4"));
+    let note = env.row(grant).await.last_error.unwrap_or_default();
+    assert!(
+        note.contains("superseded") && note.contains(&format!("row {revoke}")),
+        "the row does not say what was skipped: {note:?}"
+    );
+    assert!(
+        relay
+            .logs()
+            .contains("operation superseded by a later delivered row"),
+        "no log line says what was skipped"
+    );
+}
