@@ -21,6 +21,10 @@ ARG DEBIAN_RELEASE=bookworm
 
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
 WORKDIR /src
+# The git revision `--version` and fga_relay_build_info show: the context has no .git, so pass it
+# (`docker build --build-arg FGA_RELAY_GIT_REVISION=$(git rev-parse --short=12 HEAD) .`);
+# without it they say "unknown". build.rs reads it from the environment RUN gives cargo.
+ARG FGA_RELAY_GIT_REVISION
 # .dockerignore keeps target/, .git and the deployment files out of the context.
 COPY . .
 RUN --mount=type=cache,id=fga-relay-cargo-registry,target=/usr/local/cargo/registry,sharing=locked \

@@ -71,6 +71,10 @@ GRANT UPDATE (processed_at, failed_at, attempts, last_error) ON fga_outbox TO fg
 -- time, updated at each change of leader.
 GRANT SELECT, INSERT, UPDATE ON fga_outbox_leader TO fga_outbox_relay;
 
+-- The schema's version, which `fga-relay check` reads (functions are open to PUBLIC unless the
+-- owner's default privileges say otherwise).
+GRANT EXECUTE ON FUNCTION fga_outbox_schema_version() TO fga_outbox_relay;
+
 -- Leadership is a lease: a relay that finds the leadership lock held by a session whose lease
 -- ran out (its relay stopped, or cut off while the server's side of the socket stays open) ends
 -- that session with pg_terminate_backend(), and a relay ends its own earlier session after a

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(
     name = "fga-relay",
-    version,
+    version = crate::build_info::VERSION_LINE,
     about = "Delivers a PostgreSQL outbox (fga_outbox) to OpenFGA's Write API, at least once, in order."
 )]
 pub struct Cli {
@@ -33,9 +33,16 @@ pub struct Cli {
 pub enum Command {
     /// Create the outbox schema or upgrade it, keeping every row (idempotent).
     #[command(
-        after_help = "Examples:\n  fga-relay migrate\n  DATABASE_URL=postgres://owner@db/app fga-relay migrate --table fga_outbox"
+        after_help = "Examples:\n  fga-relay migrate\n  fga-relay migrate --check   # exit 1 when it would change something\n  DATABASE_URL=postgres://owner@db/app fga-relay migrate --table fga_outbox"
     )]
     Migrate(commands::Migrate),
+    /// Check the settings, PostgreSQL (no transaction pooler, the schema, the role's grants) and
+    /// OpenFGA (credentials, store, model) without starting: one line each; exit 0 all pass,
+    /// 1 one fails, 2 bad settings.
+    #[command(
+        after_help = "Examples:\n  fga-relay check\n  DATABASE_URL=postgres://relay@db/app FGA_STORE_ID=01J... fga-relay check"
+    )]
+    Check(commands::Check),
     /// Print the schema SQL, for your own migration tool.
     #[command(
         after_help = "Examples:\n  fga-relay sql > migrations/0042_fga_outbox.sql\n  fga-relay sql --roles"
@@ -115,6 +122,7 @@ pub fn main() -> ExitCode {
 async fn dispatch(command: Command) -> Result<ExitCode, Failure> {
     match command {
         Command::Migrate(c) => c.execute().await,
+        Command::Check(c) => c.execute().await,
         Command::Sql(c) => c.execute().await,
         Command::Run(c) => c.execute().await,
         Command::Drain(c) => c.execute().await,

@@ -65,7 +65,11 @@ const MAX_TABLE_NAME: usize = 48;
 
 impl TableName {
     pub fn parse(s: &str) -> Result<TableName, ConfigError> {
-        let setting = "--table (FGA_OUTBOX_TABLE)";
+        Self::parse_setting("--table (FGA_RELAY_OUTBOX_TABLE)", s)
+    }
+
+    /// As [`TableName::parse`], naming `setting` in the error.
+    pub fn parse_setting(setting: &str, s: &str) -> Result<TableName, ConfigError> {
         let ok_start = s
             .chars()
             .next()
@@ -140,6 +144,16 @@ pub enum StoreRef {
     Id(String),
     /// Resolved through ListStores at start.
     Name(String),
+}
+
+/// The id, or the name: what a log line shows (`store=01HZ...`, `store=prod`).
+impl fmt::Display for StoreRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreRef::Id(id) => f.write_str(id),
+            StoreRef::Name(name) => f.write_str(name),
+        }
+    }
 }
 
 /// Everything about talking to OpenFGA.
@@ -412,7 +426,8 @@ mod tests {
         for bad in ["", "9x", "Fga", "a.b", "a-b", "a b", "x\"; drop table y"] {
             let e = TableName::parse(bad).unwrap_err();
             assert!(
-                e.to_string().starts_with("--table (FGA_OUTBOX_TABLE)"),
+                e.to_string()
+                    .starts_with("--table (FGA_RELAY_OUTBOX_TABLE)"),
                 "{e}"
             );
         }

@@ -3,11 +3,12 @@
 //! and may close or recycle the connection at any time). Where to connect comes from
 //! `DATABASE_URL` and libpq's environment and password file ([`conninfo`]); both use TLS as
 //! `sslmode` says, with libpq's semantics (see [`tls`]). A pooler in transaction mode in between
-//! is found and refused ([`pooler`]).
+//! is found and refused ([`pooler`]); `fga-relay check` asks its questions through [`probe`].
 
 pub mod conninfo;
 pub mod pgpass;
 pub mod pooler;
+pub mod probe;
 pub mod target;
 pub mod tls;
 

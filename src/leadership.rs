@@ -167,3 +167,17 @@ pub async fn backend(client: &Client) -> Result<Backend, tokio_postgres::Error> 
         started: row.try_get(1)?,
     })
 }
+
+/// A name for this run of this process in the leader record: host and pid for people, and a
+/// random tag, because a restarted container has the same host name and pid (1) as the one that
+/// crashed, and must not take that one's unclean exit for its own.
+pub fn identity() -> String {
+    // gethostname(2), not /proc/sys/kernel/hostname: the shipped unit's ProcSubset=pid hides
+    // the latter.
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!(
+        "{host} pid {} run {:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    )
+}

@@ -4,8 +4,8 @@
 //! # Map
 //! Arrows point one way: `cli` → `commands` → the rest; nothing imports the command line back.
 //! - [`cli`]: parses the command line and dispatches to a command.
-//! - [`commands`]: one file per command (`migrate`, `sql`, `run`, `drain`, `status`, `retry`,
-//!   `prune`, `reconcile`), each with its own flags; what they open before working
+//! - [`commands`]: one file per command (`migrate`, `check`, `sql`, `run`, `drain`, `status`,
+//!   `retry`, `prune`, `reconcile`), each with its own flags; what they open before working
 //!   (`commands::open`), and how they fail (`commands::Failure`, the exit status).
 //! - [`settings`]: the flags several commands share (where the outbox is, how to reach OpenFGA,
 //!   how delivery behaves), checked into [`config`]'s settings.
@@ -27,7 +27,8 @@
 //!   asked by each Write's body as the connection writes it.
 //! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence;
 //!   [`lease_clock`]: the clock the lease runs on, which counts suspended time.
-//! - [`relay`]: the `run` and `drain` loops around delivery passes.
+//! - [`relay`]: the `run` and `drain` loops around delivery passes; [`pass_log`]: what they say
+//!   about each pass (the first delivery after start at info).
 //! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the
 //!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
 //!   comparison (`compare`), the report (`report`), progress and peak memory (`progress`), and
@@ -36,9 +37,11 @@
 //!   [`latency_window`]: the delivery latency's percentiles since the last summary.
 //! - [`summary`]: the summary log line every minute, and the warning when rows wait too long.
 //! - [`systemd`]: readiness and watchdog under `Type=notify`.
-//! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares.
+//! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares; [`build_info`]:
+//!   the version and git revision (found by `build.rs`).
 
 pub mod backoff;
+pub mod build_info;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -51,6 +54,7 @@ pub mod lease_clock;
 pub mod listener;
 pub mod metrics;
 pub mod openfga;
+pub mod pass_log;
 pub mod payload;
 pub mod reconcile;
 pub mod relay;

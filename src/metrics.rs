@@ -24,10 +24,11 @@ pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
-/// The `version` label of `fga_relay_build_info`.
+/// The labels of `fga_relay_build_info`: the crate's version and the git revision.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VersionLabel {
+pub struct BuildLabels {
     pub version: &'static str,
+    pub revision: &'static str,
 }
 
 /// Buckets of the request-duration histogram: 0.5 ms to about 65 s, so that requests cut off by
@@ -87,15 +88,16 @@ impl Metrics {
             }),
         };
         let r = registry.sub_registry_with_prefix("fga_relay");
-        let build_info: Family<VersionLabel, Gauge> = Family::default();
+        let build_info: Family<BuildLabels, Gauge> = Family::default();
         build_info
-            .get_or_create(&VersionLabel {
-                version: env!("CARGO_PKG_VERSION"),
+            .get_or_create(&BuildLabels {
+                version: crate::build_info::VERSION,
+                revision: crate::build_info::REVISION,
             })
             .set(1);
         r.register(
             "build_info",
-            "Always 1; the label says which version of fga-relay runs",
+            "Always 1; the labels say which version and git revision of fga-relay runs",
             build_info,
         );
         r.register(
@@ -240,7 +242,14 @@ mod tests {
         m.delivery_latency_seconds.observe(0.001);
         m.request("ok", 0.002);
         let text = render(&registry);
-        assert!(text.contains("fga_relay_build_info{version=\""), "{text}");
+        assert!(
+            text.contains(&format!(
+                "fga_relay_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+                crate::build_info::VERSION,
+                crate::build_info::REVISION
+            )),
+            "{text}"
+        );
         assert!(
             text.contains("fga_relay_openfga_request_duration_seconds_count{outcome=\"ok\"} 1"),
             "{text}"

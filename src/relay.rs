@@ -16,6 +16,7 @@ use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
+use crate::pass_log::{PassLog, Trigger};
 use crate::schema::TableInfo;
 use crate::store::{Store, StoreError};
 use crate::systemd::Notifier;
@@ -63,6 +64,8 @@ pub struct Relay {
     /// Finds a pooler in transaction mode between the relay and PostgreSQL, and stops the
     /// relay when it does (the command then exits 2 with its message).
     pub pooler: Arc<PoolerCheck>,
+    /// What it has said about its passes (the first delivery is logged at info).
+    pub passes: PassLog,
 }
 
 /// What a relay process remembers of its own terms of leadership across reconnects.
@@ -102,29 +105,6 @@ struct Term {
 enum LeadEnd {
     Shutdown,
     Lost,
-}
-
-/// Why the relay is draining: a sweep pass that finds rows means notifications were missed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Trigger {
-    Connect,
-    Notification,
-    Sweep,
-    Again,
-}
-
-/// A name for this run of this process in the leader record: host and pid for people, and a
-/// random tag, because a restarted container has the same host name and pid (1) as the one that
-/// crashed, and must not take that one's unclean exit for its own.
-pub fn identity() -> String {
-    // gethostname(2), not /proc/sys/kernel/hostname: the shipped unit's ProcSubset=pid hides
-    // the latter.
-    let host = gethostname::gethostname().to_string_lossy().into_owned();
-    format!(
-        "{host} pid {} run {:08x}",
-        std::process::id(),
-        fastrand::u32(..)
-    )
 }
 
 /// Resolves when the first of `tokens` is cancelled (never, for none).
@@ -684,24 +664,7 @@ impl Relay {
     }
 
     fn account(&self, trigger: Trigger, report: &PassReport) {
-        if trigger == Trigger::Sweep && report.delivered > 0 {
-            self.metrics.sweep_found_rows.inc_by(report.delivered);
-            warn!(
-                rows = report.delivered,
-                "the sweep found rows no notification announced: notifications are being lost"
-            );
-        }
-        if report.did_work() {
-            debug!(
-                ?trigger,
-                delivered = report.delivered,
-                dead = report.dead,
-                failed_writes = report.failed_writes,
-                writes = report.writes,
-                held = report.held,
-                "drained"
-            );
-        }
+        self.passes.account(&self.metrics, trigger, report);
     }
 
     /// `fga-relay drain`: delivers every row pending at the start, itself if it can lead,

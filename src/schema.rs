@@ -40,6 +40,31 @@ pub const FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The schema's version: the number of its parts. `migrate` records it in
+/// `fga_outbox_schema_version()`, so that `check` and `migrate --check` can tell a schema an
+/// older fga-relay made (which lacks later parts) from a current one.
+pub const VERSION: i32 = FILES.len() as i32;
+
+/// Records [`VERSION`], never lowering it: an older binary's `migrate` run after a newer one's
+/// leaves the newer version recorded (its parts stay; every part only adds).
+fn version_sql() -> String {
+    format!(
+        "-- The schema's version (its number of parts), for `fga-relay check` and \
+         `fga-relay migrate --check`.\n\
+         DO $$\n\
+         BEGIN\n\
+         \x20   IF to_regprocedure('fga_outbox_schema_version()') IS NULL THEN\n\
+         \x20       CREATE FUNCTION fga_outbox_schema_version() RETURNS integer\n\
+         \x20           LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT {VERSION}';\n\
+         \x20   ELSIF fga_outbox_schema_version() < {VERSION} THEN\n\
+         \x20       CREATE OR REPLACE FUNCTION fga_outbox_schema_version() RETURNS integer\n\
+         \x20           LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT {VERSION}';\n\
+         \x20   END IF;\n\
+         END\n\
+         $$;\n"
+    )
+}
+
 /// The name the SQL files use for the table.
 const PLACEHOLDER: &str = "fga_outbox";
 
@@ -67,6 +92,8 @@ pub fn full_sql(table: &TableName) -> String {
         out.push_str(&render(sql, table));
         out.push('\n');
     }
+    out.push_str("-- ==== version ====\n");
+    out.push_str(&render(&version_sql(), table));
     out
 }
 
@@ -84,7 +111,58 @@ pub async fn migrate(client: &mut Client, table: &TableName) -> Result<(), tokio
     for (_, sql) in FILES {
         tx.batch_execute(&render(sql, table)).await?;
     }
+    tx.batch_execute(&render(&version_sql(), table)).await?;
     tx.commit().await
+}
+
+/// The schema version `migrate` recorded; None when none is (a schema older than the record,
+/// or made by hand).
+pub async fn recorded_version(
+    client: &Client,
+    table: &TableName,
+) -> Result<Option<i32>, tokio_postgres::Error> {
+    let function = format!("{table}_schema_version");
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regprocedure($1 || '()') IS NOT NULL",
+            &[&function],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    // The name is a checked identifier (TableName), so it can be put in the statement.
+    let row = client
+        .query_one(&format!("SELECT {function}()"), &[])
+        .await?;
+    Ok(row.try_get(0).ok())
+}
+
+/// What `migrate` would change, in words; empty when the schema is current. Reads only: what
+/// the relay role may see is enough. A column of the wrong type is an error, as for `migrate`:
+/// it keeps an adopted table's columns as they are, so no `migrate` can fix it.
+pub async fn pending_changes(
+    client: &Client,
+    table: &TableName,
+) -> Result<Vec<String>, SchemaProblem> {
+    let mut changes = Vec::new();
+    match check(client, table).await {
+        Ok(info) if !info.trigger => {
+            changes.push(format!("install the trigger {table}_notify"));
+        }
+        Ok(_) => {}
+        Err(e @ (SchemaProblem::Db(_) | SchemaProblem::ColumnType { .. })) => return Err(e),
+        Err(other) => changes.push(other.to_string().replace(": run `fga-relay migrate`", "")),
+    }
+    match recorded_version(client, table).await? {
+        Some(v) if v >= VERSION => {}
+        Some(v) => changes.push(format!("upgrade the schema from version {v} to {VERSION}")),
+        None => changes.push(format!(
+            "record schema version {VERSION} (none is recorded)"
+        )),
+    }
+    Ok(changes)
 }
 
 /// What is missing from the database for the relay to run.
@@ -203,5 +281,7 @@ mod tests {
         assert!(sql.contains("acl_outbox_leader"));
         assert!(sql.contains("acl_outbox_claim_idx"));
         assert!(sql.contains("FUNCTION acl_outbox_wait(ids bigint[]"));
+        assert!(sql.contains("FUNCTION acl_outbox_schema_version()"));
+        assert!(sql.contains(&format!("AS 'SELECT {VERSION}'")));
     }
 }

@@ -31,7 +31,7 @@ func main() {
 	}
 	defer conn.Close(ctx)
 
-	// --- shown in the README ---
+	// --- shown in docs/writing.md ---
 	var outboxID int64
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO archives (id, name) VALUES ($1, $2)", archiveID, "go"); err != nil {

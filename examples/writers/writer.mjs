@@ -5,7 +5,7 @@ import pg from "pg";
 const [url, archiveId, jobId, orgId] = process.argv.slice(2);
 const pool = new pg.Pool({ connectionString: url });
 
-// --- shown in the README ---
+// --- shown in docs/writing.md ---
 const client = await pool.connect();
 try {
   await client.query("BEGIN");

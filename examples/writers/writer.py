@@ -7,7 +7,7 @@ from psycopg.types.json import Jsonb
 
 dsn, archive_id, job_id, org_id = sys.argv[1:5]
 
-# --- shown in the README ---
+# --- shown in docs/writing.md ---
 with psycopg.connect(dsn) as conn:
     conn.execute("INSERT INTO archives (id, name) VALUES (%s, %s)", (archive_id, "python"))
     (outbox_id,) = conn.execute(

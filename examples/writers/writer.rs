@@ -13,7 +13,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
 
-    // --- shown in the README ---
+    // --- shown in docs/writing.md ---
     let tx = client.transaction().await?;
     tx.execute(
         "INSERT INTO archives (id, name) VALUES ($1, $2)",

@@ -11,6 +11,10 @@ use tracing::info;
 pub struct Migrate {
     #[command(flatten)]
     db: DbArgs,
+    /// Change nothing: exit 0 when the schema is current, 1 when `migrate` would change
+    /// something (listed), for deploy gates.
+    #[arg(long)]
+    check: bool,
 }
 
 impl Migrate {
@@ -21,6 +25,20 @@ impl Migrate {
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect: {}", crate::db::describe(&e)))?;
         let driver = tokio::spawn(conn);
+        if self.check {
+            let changes = schema::pending_changes(&client, &db.table).await?;
+            drop(client);
+            let _ = driver.await;
+            if changes.is_empty() {
+                println!("schema is current (version {})", schema::VERSION);
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("migrate would:");
+            for change in changes {
+                println!("  {change}");
+            }
+            return Ok(ExitCode::from(1));
+        }
         schema::migrate(&mut client, &db.table)
             .await
             .map_err(|e| anyhow::anyhow!("migrate failed: {}", crate::db::describe(&e)))?;

@@ -3,8 +3,10 @@
 //! and says the exit status.
 //!
 //! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout; for
-//! `reconcile`: drift); 2 bad settings, with one line naming the setting.
+//! `reconcile`: drift; for `check`: a check failed; for `migrate --check`: it would change
+//! something); 2 bad settings, with one line naming the setting.
 
+mod check;
 mod drain;
 mod failure;
 mod migrate;
@@ -16,6 +18,7 @@ mod run;
 mod sql;
 mod status;
 
+pub use check::Check;
 pub use drain::Drain;
 pub use failure::Failure;
 pub use migrate::Migrate;

@@ -82,7 +82,7 @@ pub(super) async fn build_relay(
         database = %crate::db::target::summary(&db),
         table = %db.table,
         api_url = %crate::config::shown_url(&fga.api_url),
-        store = ?fga.store,
+        store = %fga.store,
         model = fga.model_id.as_deref().unwrap_or("latest"),
         auth,
         request_timeout = ?fga.request_timeout,
@@ -94,7 +94,8 @@ pub(super) async fn build_relay(
         batch_size = delivery.batch_size,
         max_in_flight = delivery.max_in_flight,
         linger = ?delivery.linger,
-        version = env!("CARGO_PKG_VERSION"),
+        version = %crate::build_info::VERSION,
+        revision = %crate::build_info::REVISION,
         "fga-relay starting"
     );
     let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
@@ -134,10 +135,11 @@ pub(super) async fn build_relay(
         client,
         metrics,
         table,
-        identity: crate::relay::identity(),
+        identity: crate::leadership::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
         terms: Default::default(),
         pooler: Default::default(),
+        passes: Default::default(),
     };
     Ok((relay, registry))
 }

@@ -1,9 +1,7 @@
 //! `fga-relay sql`: the schema SQL, or the least-privilege roles, for the user's own migration tool.
 
 use super::failure::Failure;
-use crate::config::TableName;
 use crate::schema;
-use crate::settings::{DEFAULT_TABLE, or_default};
 use clap::Args;
 use std::process::ExitCode;
 
@@ -12,9 +10,10 @@ const ROLES_SQL: &str = include_str!("../../sql/roles.sql");
 
 #[derive(Args, Debug)]
 pub struct Sql {
-    /// The outbox table's name.
-    #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = DEFAULT_TABLE)]
-    table: String,
+    /// The outbox table's name [default: fga_outbox]; FGA_OUTBOX_TABLE, its former name, is
+    /// still read.
+    #[arg(long = "table", env = "FGA_RELAY_OUTBOX_TABLE")]
+    table: Option<String>,
     /// Print the least-privilege roles instead (a writer role and a relay role), to run
     /// after `migrate`.
     #[arg(long)]
@@ -23,7 +22,7 @@ pub struct Sql {
 
 impl Sql {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
-        let table = TableName::parse(or_default(&self.table, DEFAULT_TABLE))?;
+        let table = crate::settings::table(self.table.as_deref())?;
         if self.roles {
             print!("{}", schema::render(ROLES_SQL, &table));
         } else {

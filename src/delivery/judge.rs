@@ -276,7 +276,7 @@ impl Deliverer {
                         server_limit = lower,
                         %message,
                         "OpenFGA allows fewer tuples per write than --max-tuples-per-write; \
-                         using its limit (set FGA_MAX_TUPLES_PER_WRITE={lower})"
+                         using its limit (set FGA_RELAY_MAX_TUPLES_PER_WRITE={lower})"
                     );
                     self.max_tuples = lower;
                     Self::requeue(queue, plan.into_rows());

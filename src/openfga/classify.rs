@@ -129,12 +129,12 @@ impl WriteError {
 }
 
 /// OpenFGA's error body.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 pub(super) struct ErrorBody {
     #[serde(default)]
     pub(super) code: String,
     #[serde(default)]
-    message: String,
+    pub(super) message: String,
 }
 
 /// Classifies a non-success answer to a Write carrying `ops`.

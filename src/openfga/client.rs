@@ -23,7 +23,7 @@ pub struct FgaClient {
     pub(super) store: StoreRef,
     /// The store id, once known (at once for `--store-id`, after ListStores for a name).
     pub(super) store_id: tokio::sync::OnceCell<String>,
-    model_id: Option<String>,
+    pub(super) model_id: Option<String>,
     credentials: Credentials,
     /// The deadline of one whole Write call: token, request and the retry after a 401.
     write_deadline: Duration,
@@ -44,7 +44,7 @@ impl FgaClient {
             .pool_idle_timeout(Duration::from_secs(50))
             .user_agent(concat!("fga-relay/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = &settings.ca_file {
-            let setting = "--ca-file (FGA_CA_FILE)";
+            let setting = "--ca-file (FGA_RELAY_CA_FILE)";
             let pem = std::fs::read(path).map_err(|e| {
                 ConfigError::new(setting, format!("cannot read {}: {e}", path.display()))
             })?;
@@ -204,7 +204,7 @@ impl FgaClient {
     /// POSTs a JSON body with auth; returns the status, `Retry-After` and the answer's body. A
     /// request that got no answer is transient. With a `window`, the body leaves only while it
     /// is open.
-    async fn post_json(
+    pub(super) async fn post_json(
         &self,
         url: reqwest::Url,
         body: Vec<u8>,

@@ -5,6 +5,7 @@
 //! - `auth`: the preshared token, or OIDC client-credentials tokens and their cache.
 //! - `store`: the store id, resolved from a name once; the check that it exists, at start and
 //!   every few seconds while the relay writes (a deleted store still answers Writes).
+//! - `probe`: what `fga-relay check` asks, changing nothing (answers, credentials, store, model).
 //! - `classify`: what each answer means ([`WriteError`], [`FailureClass`]).
 //! - `write_body`, `read_page`: what a Write sends and what a Read answers; `guarded_body`: a
 //!   Write's body, which leaves only while the relay's lease holds.
@@ -14,6 +15,7 @@ mod auth;
 mod classify;
 mod client;
 mod guarded_body;
+mod probe;
 mod read_page;
 mod retry_after;
 mod store;
@@ -23,6 +25,7 @@ mod write_body;
 
 pub use classify::{FailureClass, WriteError, classify};
 pub use client::FgaClient;
+pub use probe::{ModelRelations, Probe, StoreProbe};
 pub use read_page::{MAX_READ_PAGE, ReadPage, ReadTuple};
 pub use retry_after::parse_retry_after;
 pub use store::PreflightError;

@@ -58,9 +58,11 @@ pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::
         database = %crate::db::target::summary(db),
         table = %db.table,
         api_url = %fga.api_url,
-        store = ?fga.store,
-        since = ?opts.since,
-        read_by = ?opts.read_by,
+        store = %fga.store,
+        since = %opts
+            .since
+            .map_or_else(|| "all".to_owned(), |d| humantime::format_duration(d).to_string()),
+        read_by = %opts.read_by.as_str(),
         repair = opts.repair,
         "fga-relay reconcile starting"
     );

@@ -11,6 +11,16 @@ pub enum ReadBy {
     Tuple,
 }
 
+impl ReadBy {
+    /// The word `--read-by` takes for it, as logged.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadBy::Store => "store",
+            ReadBy::Tuple => "tuple",
+        }
+    }
+}
+
 /// The validated flags of `fga-relay reconcile`.
 #[derive(Debug)]
 pub struct Options {

@@ -1,7 +1,8 @@
 //! Where the outbox is: `--database-url` and `--table`.
 
+use super::DEFAULT_TABLE;
+use super::renamed::TABLE;
 use super::secret_file::SecretSource;
-use super::{DEFAULT_TABLE, or_default};
 use crate::config::{ConfigError, DbSettings, Secret, TableName};
 use clap::Args;
 
@@ -17,9 +18,10 @@ pub struct DbArgs {
     /// --database-url; or the systemd credential `database-url`.
     #[arg(long, env = "DATABASE_URL_FILE")]
     pub database_url_file: Option<String>,
-    /// The outbox table's name (also the NOTIFY channel).
-    #[arg(long = "table", env = "FGA_OUTBOX_TABLE", default_value = DEFAULT_TABLE)]
-    pub table: String,
+    /// The outbox table's name (also the NOTIFY channel) [default: fga_outbox]; FGA_OUTBOX_TABLE,
+    /// its former name, is still read.
+    #[arg(long = "table", env = "FGA_RELAY_OUTBOX_TABLE")]
+    pub table: Option<String>,
 }
 
 impl DbArgs {
@@ -36,7 +38,17 @@ impl DbArgs {
         .filter(|s| !s.trim().is_empty());
         Ok(DbSettings {
             url: url.map(Secret::new),
-            table: TableName::parse(or_default(&self.table, DEFAULT_TABLE))?,
+            table: table(self.table.as_deref())?,
         })
     }
+}
+
+/// The outbox table: `--table`, `FGA_RELAY_OUTBOX_TABLE`, the former `FGA_OUTBOX_TABLE`, or
+/// `fga_outbox`.
+pub(crate) fn table(given: Option<&str>) -> Result<TableName, ConfigError> {
+    let found = TABLE.resolve(given)?;
+    TableName::parse_setting(
+        &found.setting,
+        found.value.as_deref().unwrap_or(DEFAULT_TABLE),
+    )
 }

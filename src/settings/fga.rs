@@ -1,5 +1,6 @@
 //! How to reach OpenFGA: its URL, the store, the model, credentials and request limits.
 
+use super::renamed::{CA_FILE, MAX_TUPLES_PER_WRITE};
 use super::secret_file::SecretSource;
 use super::{DEFAULT_API_URL, DEFAULT_MAX_TUPLES, DEFAULT_REQUEST_TIMEOUT, non_empty, or_default};
 use crate::config::{self, Auth, ConfigError, FgaSettings, Secret, StoreRef};
@@ -52,11 +53,13 @@ pub struct FgaArgs {
     /// included); past it the attempt counts as a transient failure.
     #[arg(long, env = "FGA_RELAY_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT)]
     pub request_timeout: String,
-    /// The server's limit of tuples per Write.
-    #[arg(long, env = "FGA_MAX_TUPLES_PER_WRITE", default_value = DEFAULT_MAX_TUPLES)]
-    pub max_tuples_per_write: String,
-    /// PEM file of CA certificates to trust for https, besides the system's.
-    #[arg(long, env = "FGA_CA_FILE")]
+    /// The server's limit of tuples per Write [default: 100]; FGA_MAX_TUPLES_PER_WRITE, its
+    /// former name, is still read.
+    #[arg(long, env = "FGA_RELAY_MAX_TUPLES_PER_WRITE")]
+    pub max_tuples_per_write: Option<String>,
+    /// PEM file of CA certificates to trust for https, besides the system's; FGA_CA_FILE, its
+    /// former name, is still read.
+    #[arg(long, env = "FGA_RELAY_CA_FILE")]
     pub ca_file: Option<String>,
 }
 
@@ -135,18 +138,20 @@ impl FgaArgs {
             "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)",
             or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT),
         )?;
+        let max_tuples = MAX_TUPLES_PER_WRITE.resolve(self.max_tuples_per_write.as_deref())?;
         let max_tuples_per_write = config::parse_count(
-            "--max-tuples-per-write (FGA_MAX_TUPLES_PER_WRITE)",
-            or_default(&self.max_tuples_per_write, DEFAULT_MAX_TUPLES),
+            &max_tuples.setting,
+            max_tuples.value.as_deref().unwrap_or(DEFAULT_MAX_TUPLES),
             1,
             100_000,
         )? as usize;
-        let ca_file = non_empty(&self.ca_file).map(PathBuf::from);
+        let ca = CA_FILE.resolve(self.ca_file.as_deref())?;
+        let ca_file = ca.value.map(PathBuf::from);
         if let Some(path) = &ca_file
             && !path.is_file()
         {
             return Err(ConfigError::new(
-                "--ca-file (FGA_CA_FILE)",
+                &ca.setting,
                 format!("{} is not a readable file", path.display()),
             ));
         }

@@ -9,9 +9,11 @@ mod db;
 mod delivery;
 mod fga;
 mod relay;
+mod renamed;
 mod secret_file;
 
 pub use db::DbArgs;
+pub(crate) use db::table;
 pub use delivery::DeliveryArgs;
 pub use fga::FgaArgs;
 pub use relay::RelayArgs;

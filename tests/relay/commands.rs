@@ -215,6 +215,11 @@ async fn the_printed_sql_creates_a_schema_the_relay_accepts() {
         db,
         fga: crate::common::fga::Fga::start(),
     };
+    // Nothing left for `migrate` to do (the version is recorded too).
+    assert_success(
+        &env.command(&["migrate", "--check"]).output().unwrap(),
+        "migrate --check",
+    );
     env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
     assert_success(

@@ -700,7 +700,7 @@ async fn with_several_hosts_the_relay_picks_the_writable_one() {
 /// run) with thousands of rows and live traffic: failures that hit every row are not the rows'
 /// fault, even sent alone, so nothing is dead-lettered, even with `--max-attempts 2`; every row
 /// is delivered once the faults stop. `FLAKY_ROWS` and `FLAKY_SECONDS` size a longer run
-/// (README, Guarantees).
+/// (docs/guarantees.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flaky_rate_limited_openfga_dead_letters_no_valid_row() {
     let var = |name: &str, default: u64| {

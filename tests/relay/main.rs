@@ -5,6 +5,7 @@
 mod common;
 
 mod adopted;
+mod check;
 mod commands;
 mod delivery;
 mod failover;
@@ -24,5 +25,6 @@ mod security;
 mod sessions;
 mod settings;
 mod summary;
+mod version;
 mod wait;
 mod writers;

@@ -57,8 +57,9 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     assert_eq!(m["fga_relay_listen_connected"], 1.0);
     assert_eq!(m["fga_relay_leader"], 1.0);
     let version = format!(
-        "fga_relay_build_info{{version=\"{}\"}}",
-        env!("CARGO_PKG_VERSION")
+        "fga_relay_build_info{{version=\"{}\",revision=\"{}\"}}",
+        env!("CARGO_PKG_VERSION"),
+        crate::version::expected_revision()
     );
     assert_eq!(
         m.get(&version),

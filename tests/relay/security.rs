@@ -1022,6 +1022,7 @@ fn roles_sql_is_printed_for_the_table() {
         let out = std::process::Command::new(crate::common::relay::BIN)
             .args(args)
             .env_remove("FGA_OUTBOX_TABLE")
+            .env_remove("FGA_RELAY_OUTBOX_TABLE")
             .output()
             .unwrap();
         assert_success(&out, "fga-relay sql --roles");

@@ -264,3 +264,179 @@ async fn no_form_of_database_url_puts_its_password_in_a_log_line() {
         assert!(!logs.contains(secret), "{secret:?} logged by run");
     }
 }
+
+/// The three settings that moved under `FGA_RELAY_`: the new name is read, the former one still
+/// is (with a warning), and with both set the new one wins (with a warning that the former is
+/// ignored); a flag beats both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_settings_are_read_under_both_names_and_the_new_one_wins() {
+    // The table, through `sql` (what it prints names the table it took).
+    let sql = |vars: &[(&str, &str)], args: &[&str]| {
+        let mut c = crate::common::relay::command(std::path::Path::new(BIN), &["sql"]);
+        c.args(args).envs(vars.iter().copied());
+        let out = c.output().unwrap();
+        assert_success(&out, "sql");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr_of(&out),
+        )
+    };
+    let creates = |s: &str, t: &str| s.contains(&format!("CREATE TABLE IF NOT EXISTS {t} ("));
+    let (out, err) = sql(&[("FGA_RELAY_OUTBOX_TABLE", "new_outbox")], &[]);
+    assert!(
+        creates(&out, "new_outbox") && !err.contains("deprecated"),
+        "{err}"
+    );
+    let (out, err) = sql(&[("FGA_OUTBOX_TABLE", "old_outbox")], &[]);
+    assert!(creates(&out, "old_outbox"), "{out}");
+    assert!(
+        err.contains("FGA_OUTBOX_TABLE is deprecated") && err.contains("FGA_RELAY_OUTBOX_TABLE"),
+        "{err}"
+    );
+    let both = [
+        ("FGA_RELAY_OUTBOX_TABLE", "new_outbox"),
+        ("FGA_OUTBOX_TABLE", "old_outbox"),
+    ];
+    let (out, err) = sql(&both, &[]);
+    assert!(creates(&out, "new_outbox") && !out.contains("old_outbox"));
+    assert!(
+        err.contains("FGA_OUTBOX_TABLE is deprecated and ignored"),
+        "{err}"
+    );
+    let (out, _) = sql(&both, &["--table", "flag_outbox"]);
+    assert!(creates(&out, "flag_outbox"), "{out}");
+
+    // Tuples per Write, by what OpenFGA received: a row of three tuples in Writes of one, or in
+    // one Write of three.
+    let env = Env::start().await;
+    let tuples_per_write = |vars: Vec<(&'static str, &'static str)>, n: usize| {
+        let env = &env;
+        async move {
+            let before = env.fga.writes().len();
+            let tag = format!("document:{n}");
+            env.insert(writes(&[
+                tk("user:a", "viewer", &tag),
+                tk("user:b", "viewer", &tag),
+                tk("user:c", "viewer", &tag),
+            ]))
+            .await;
+            let out = env
+                .command(&["drain", "--timeout", "20s"])
+                .envs(vars)
+                .output()
+                .unwrap();
+            assert_success(&out, "drain");
+            let sizes: Vec<usize> = env.fga.writes()[before..]
+                .iter()
+                .filter(|w| w.status == 200)
+                .map(|w| crate::common::relay::write_tuple_keys(&w.body).len())
+                .collect();
+            (sizes, stderr_of(&out))
+        }
+    };
+    let (sizes, err) = tuples_per_write(vec![("FGA_RELAY_MAX_TUPLES_PER_WRITE", "1")], 1).await;
+    assert_eq!(sizes, [1, 1, 1], "{err}");
+    assert!(!err.contains("deprecated"), "{err}");
+    let (sizes, err) = tuples_per_write(vec![("FGA_MAX_TUPLES_PER_WRITE", "1")], 2).await;
+    assert_eq!(sizes, [1, 1, 1], "{err}");
+    assert!(
+        err.contains("FGA_MAX_TUPLES_PER_WRITE is deprecated"),
+        "{err}"
+    );
+    let (sizes, err) = tuples_per_write(
+        vec![
+            ("FGA_RELAY_MAX_TUPLES_PER_WRITE", "3"),
+            ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+        ],
+        3,
+    )
+    .await;
+    assert_eq!(sizes, [3], "{err}");
+    assert!(
+        err.contains("FGA_MAX_TUPLES_PER_WRITE is deprecated and ignored"),
+        "{err}"
+    );
+
+    // A bad value is named by the name it came from.
+    for (var, value) in [
+        ("FGA_RELAY_CA_FILE", "/nonexistent/ca.pem"),
+        ("FGA_CA_FILE", "/nonexistent/ca.pem"),
+        ("FGA_RELAY_MAX_TUPLES_PER_WRITE", "0"),
+        ("FGA_RELAY_OUTBOX_TABLE", "Not A Table"),
+    ] {
+        let out = env.command(&["drain"]).env(var, value).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{var}: {err}");
+        let line = err.lines().last().unwrap_or_default();
+        assert!(
+            line.contains(&format!("({var})")) || line.starts_with(&format!("fga-relay: {var} ")),
+            "{var}: {err}"
+        );
+    }
+}
+
+/// Every variable the binary reads, from the source: `env = "..."` on its flags, and the former
+/// names of the renamed settings.
+fn every_setting() -> Vec<String> {
+    let mut names = vec![
+        "FGA_OUTBOX_TABLE".to_owned(),
+        "FGA_CA_FILE".to_owned(),
+        "FGA_MAX_TUPLES_PER_WRITE".to_owned(),
+    ];
+    let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for piece in text.split("env = \"").skip(1) {
+                    if let Some(name) = piece.split('"').next() {
+                        names.push(name.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    assert!(names.len() > 20, "the settings moved? {names:?}");
+    names
+}
+
+/// A compose or Helm template leaves a variable it has no value for as "": that is unset, the
+/// default, for every setting (durations, counts, addresses and the rest), and `run` delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_value_is_unset_for_every_setting() {
+    let env = Env::start().await;
+    // Those the test needs to reach its database and OpenFGA; the HTTP address's default port
+    // may be taken on a machine running tests side by side.
+    let kept = [
+        "DATABASE_URL",
+        "FGA_API_URL",
+        "FGA_STORE_ID",
+        "FGA_RELAY_HTTP_ADDR",
+    ];
+    let empty: Vec<(String, String)> = every_setting()
+        .into_iter()
+        .filter(|n| !kept.contains(&n.as_str()))
+        .map(|n| (n, String::new()))
+        .collect();
+    assert!(empty.iter().any(|(n, _)| n == "FGA_RELAY_LINGER"));
+    let mut c = env.command(&["run"]);
+    c.envs(empty.iter().map(|(k, v)| (k, v)));
+    let relay = crate::common::relay::RelayProc::spawn(c);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(id).await;
+    assert!(!relay.logs().contains("deprecated"), "{}", relay.logs());
+    // `migrate`, `status` and `sql` read their settings the same way.
+    for args in [&["migrate"][..], &["status"], &["sql"]] {
+        let mut c = env.command(args);
+        c.envs(empty.iter().map(|(k, v)| (k, v)));
+        assert_success(&c.output().unwrap(), args[0]);
+    }
+}

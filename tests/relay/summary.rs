@@ -123,3 +123,56 @@ async fn summary_lines_while_working_idle_lines_and_a_warning_when_rows_wait() {
         "warned once"
     );
 }
+
+/// At the default level, the first delivery after start is said at once (not a minute later in
+/// the first summary line), and only the first; log fields are words and ids, not Rust's names
+/// for its types (`Notification`, `Id("01HZ...")`, `Some(3600s)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_delivery_is_said_at_info_in_plain_words() {
+    let env = Env::start().await;
+    let relay = env.spawn_relay(&[("RUST_LOG", "info")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let first = env
+        .insert(writes(&[
+            tk("user:a", "viewer", "document:1"),
+            tk("user:b", "viewer", "document:1"),
+        ]))
+        .await;
+    env.wait_delivered(first).await;
+    relay.wait_for_log("first rows delivered").await;
+    let second = env
+        .insert(writes(&[tk("user:c", "viewer", "document:2")]))
+        .await;
+    env.wait_delivered(second).await;
+    // The second row is delivered after the first was said; the line said it once (the summary
+    // line, a minute away, says the rest).
+    relay.wait_for_log("delivering (leader)").await;
+    let logs = relay.logs();
+    let said = lines(&logs, "first rows delivered");
+    assert_eq!(said.len(), 1, "{logs}");
+    assert_eq!(field(said[0], "rows"), Some("1"), "{logs}");
+    // Which pass found the row depends on when the insert landed; it is said in a word.
+    let trigger = field(said[0], "trigger").unwrap_or_default();
+    assert!(
+        ["leadership", "notification", "sweep", "again"].contains(&trigger),
+        "{logs}"
+    );
+    assert!(said[0].contains(" INFO "), "{logs}");
+    let start = lines(&logs, "fga-relay starting");
+    assert_eq!(field(start[0], "store"), Some(env.fga.store_id()), "{logs}");
+    for debug_name in ["Id(", "Name(", "Some(", "Notification", "Sweep", "Connect"] {
+        assert!(!logs.contains(debug_name), "{debug_name} in {logs}");
+    }
+
+    // reconcile's start line too.
+    let out = env
+        .command(&["reconcile", "--since", "1h"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = lines(&err, "fga-relay reconcile starting");
+    assert_eq!(line.len(), 1, "{err}");
+    assert_eq!(field(line[0], "since"), Some("1h"), "{err}");
+    assert_eq!(field(line[0], "read_by"), Some("tuple"), "{err}");
+    assert_eq!(field(line[0], "store"), Some(env.fga.store_id()), "{err}");
+}

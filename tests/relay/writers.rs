@@ -1,8 +1,9 @@
-//! The README's writer examples (`examples/writers/`), run for real against the test database:
-//! each inserts a business row and its outbox row in one transaction, and the relay delivers the
-//! row. Node and Python install their driver (npm `pg`, PyPI `psycopg[binary]`) into the target
-//! directory once; a language whose toolchain is not on the machine is skipped with a message.
-//! The README shows each example's marked part; a test checks it still does.
+//! The writer examples (`examples/writers/`, shown in docs/writing.md), run for real against the
+//! test database: each inserts a business row and its outbox row in one transaction, and the
+//! relay delivers the row. Node and Python install their driver (npm `pg`, PyPI
+//! `psycopg[binary]`) into the target directory once; a language whose toolchain is not on the
+//! machine is skipped with a message.
+//! docs/writing.md shows each example's marked part; a test checks it still does.
 
 use crate::common::relay::{Env, README_TUPLES};
 use std::path::{Path, PathBuf};
@@ -193,16 +194,17 @@ async fn the_go_writer_example_is_delivered() {
     writer_delivers("the Go example", c).await;
 }
 
-/// The README shows each example's marked part as it is in the file.
+/// docs/writing.md shows each example's marked part as it is in the file.
 #[test]
-fn the_readme_shows_the_examples_as_they_are() {
-    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README.md");
+fn the_docs_show_the_examples_as_they_are() {
+    let readme =
+        std::fs::read_to_string(Path::new(ROOT).join("docs/writing.md")).expect("docs/writing.md");
     let readme: Vec<&str> = readme.lines().map(str::trim).collect();
     for name in ["writer.mjs", "writer.py", "writer.go", "writer.rs"] {
         let text = std::fs::read_to_string(example(name)).expect("example");
         let shown: Vec<&str> = text
             .lines()
-            .skip_while(|l| !l.contains("--- shown in the README ---"))
+            .skip_while(|l| !l.contains("--- shown in docs/writing.md ---"))
             .skip(1)
             .take_while(|l| !l.contains("--- end ---"))
             .map(str::trim)
@@ -211,7 +213,7 @@ fn the_readme_shows_the_examples_as_they_are() {
         let found = readme.windows(shown.len()).any(|w| w == shown.as_slice());
         assert!(
             found,
-            "README.md does not show examples/writers/{name}'s marked part as it is"
+            "docs/writing.md does not show examples/writers/{name}'s marked part as it is"
         );
     }
 }
