@@ -11,7 +11,7 @@
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
-use crate::payload::{Op, Payload, TupleKey};
+use crate::payload::Payload;
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
 use deadpool_postgres::GenericClient;
@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
-use tracing::warn;
 
 mod judge;
 mod order;
@@ -412,44 +411,6 @@ impl Deliverer {
             None
         };
         Ok((Some((last, n)), spare))
-    }
-
-    /// For a row that came back from dead (`fga-relay retry`): its operations on tuples that a
-    /// later delivered row touches are never sent, as they would land over that row's operation.
-    /// They count as done (a row left with nothing to send is marked delivered without a Write),
-    /// and are logged and recorded in the row's `last_error`. Looked for once, when the row is
-    /// first read: while it is pending, no later row on its tuples is delivered before it.
-    async fn skip_superseded(
-        &mut self,
-        conn: &impl GenericClient,
-        id: i64,
-        ops: &[Op],
-    ) -> Result<(), StoreError> {
-        let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
-        let skipped = self.store.superseded(conn, id, &keys).await?;
-        if !skipped.is_empty() {
-            let list: Vec<String> = skipped
-                .iter()
-                .filter_map(|&(i, by)| ops.get(i).map(|op| (op, by)))
-                .map(|(op, by)| {
-                    let kind = if op.is_write() { "write" } else { "delete" };
-                    warn!(id, operation = %format!("{kind} {}", op.key()), superseded_by = by,
-                        "retried row: operation superseded by a later delivered row; skipped");
-                    format!("{kind} {} (row {by})", op.key())
-                })
-                .collect();
-            let note = format!(
-                "retried: skipped {} of {} operations, superseded by later delivered rows: {}",
-                list.len(),
-                ops.len(),
-                list.join(", ")
-            );
-            self.store.record_skipped(conn, id, &note).await?;
-        }
-        let m = self.memo.entry(id).or_default();
-        m.checked = true;
-        m.done.extend(skipped.iter().map(|&(i, _)| i));
-        Ok(())
     }
 
     fn row_delivered(&mut self, c: &Candidate, report: &mut PassReport) {

@@ -5,14 +5,34 @@
 //! to the pass's *blocked* set, and every later row touching a blocked tuple is passed over (and
 //! blocks its own tuples in turn). Rows on other tuples go on. A pass always starts again from
 //! the lowest pending id, so a row passed over is looked at again, in order, by the next pass.
+//!
+//! Everything that keeps two operations on one tuple in id order, and where it lives:
+//!
+//! - Planning ([`Deliverer::plan_write`], here): rows in id order; never one tuple twice in a
+//!   Write; no row on a tuple of a Write in flight, nor behind an earlier row left waiting on it;
+//!   none on a blocked tuple.
+//! - Rows that blocked their tuples: a failed Write's rows and a row held back (the judgement,
+//!   `judge.rs`); a row another session holds, or whose payload changed since its page was read
+//!   (the Write's lock, `write.rs`); a row given up on that could not be dead-lettered
+//!   (`Deliverer::give_up`, `judge.rs`); a row with nothing left to send until the pass marks it
+//!   (here).
+//! - Rows finished by a Write are marked delivered in that Write's transaction, before their
+//!   tuples are released: on success, and on an older OpenFGA's "already exists" for a row's last
+//!   operation (`Flight::finished_by`, `write.rs`).
+//! - A row that came back from dead never applies an operation over a later delivered row's
+//!   operation on its tuple ([`Deliverer::skip_superseded`], here).
+//! - Only the leader sends, and only while its lease holds (`relay.rs`, `leadership.rs`).
 
 use super::{Deliverer, PassReport};
 use crate::payload::{Op, TupleKey};
+use crate::store::StoreError;
+use deadpool_postgres::GenericClient;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::SystemTime;
+use tracing::warn;
 
 /// A row in a pass.
 pub(super) struct Candidate {
@@ -144,6 +164,44 @@ impl Deliverer {
             rows.push((c, remaining));
         }
         (!rows.is_empty()).then_some(Plan { rows })
+    }
+
+    /// For a row that came back from dead (`fga-relay retry`): its operations on tuples that a
+    /// later delivered row touches are never sent, as they would land over that row's operation.
+    /// They count as done (a row left with nothing to send is marked delivered without a Write),
+    /// and are logged and recorded in the row's `last_error`. Looked for once, when the row is
+    /// first read: while it is pending, no later row on its tuples is delivered before it.
+    pub(super) async fn skip_superseded(
+        &mut self,
+        conn: &impl GenericClient,
+        id: i64,
+        ops: &[Op],
+    ) -> Result<(), StoreError> {
+        let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
+        let skipped = self.store.superseded(conn, id, &keys).await?;
+        if !skipped.is_empty() {
+            let list: Vec<String> = skipped
+                .iter()
+                .filter_map(|&(i, by)| ops.get(i).map(|op| (op, by)))
+                .map(|(op, by)| {
+                    let kind = if op.is_write() { "write" } else { "delete" };
+                    warn!(id, operation = %format!("{kind} {}", op.key()), superseded_by = by,
+                        "retried row: operation superseded by a later delivered row; skipped");
+                    format!("{kind} {} (row {by})", op.key())
+                })
+                .collect();
+            let note = format!(
+                "retried: skipped {} of {} operations, superseded by later delivered rows: {}",
+                list.len(),
+                ops.len(),
+                list.join(", ")
+            );
+            self.store.record_skipped(conn, id, &note).await?;
+        }
+        let m = self.memo.entry(id).or_default();
+        m.checked = true;
+        m.done.extend(skipped.iter().map(|&(i, _)| i));
+        Ok(())
     }
 
     /// Puts rows back into the queue, in their place.

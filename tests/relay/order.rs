@@ -378,3 +378,46 @@ async fn retry_never_replays_an_operation_a_later_row_superseded() {
         "no log line says what was skipped"
     );
 }
+
+/// A dead row brought back by hand (an `UPDATE` of `failed_at`, not `fga-relay retry`) keeps the
+/// rule too: the schema's trigger marks it, and its superseded operation is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_row_brought_back_by_hand_skips_what_a_later_row_superseded() {
+    let env = Env::start().await;
+    env.fga
+        .push_fault(invalid("user:anne", "viewer", "document:1"));
+    let grant = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the grant is dead", || async {
+        env.row(grant).await.dead
+    })
+    .await;
+    let revoke = env
+        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(revoke).await;
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = NULL WHERE id = $1",
+            &[&grant],
+        )
+        .await
+        .unwrap();
+    // A row inserted after, on another tuple: once it is delivered, the pass that read the
+    // grant again is over.
+    let after = env
+        .insert(writes(&[tk("user:other", "viewer", "document:o")]))
+        .await;
+    env.wait_delivered(after).await;
+    env.wait_delivered(grant).await;
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the grant brought back by hand was applied over the later revoke; relay log:\n{}",
+        relay.logs()
+    );
+    let note = env.row(grant).await.last_error.unwrap_or_default();
+    assert!(note.contains("superseded"), "last_error: {note:?}");
+}
