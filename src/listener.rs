@@ -359,7 +359,7 @@ impl Session {
 
     /// The pid of the PostgreSQL session answering now: [`Session::backend`]'s, unless a
     /// pooler in transaction mode is in between.
-    pub async fn current_pid(&self) -> Result<Option<i32>, tokio_postgres::Error> {
+    async fn current_pid(&self) -> Result<Option<i32>, tokio_postgres::Error> {
         backend_pid(&self.client).await
     }
 
