@@ -359,7 +359,7 @@ impl Session {
 
     /// The pid of the PostgreSQL session answering now: [`Session::backend`]'s, unless a
     /// pooler in transaction mode is in between.
-    pub async fn current_pid(&self) -> Result<Option<i32>, tokio_postgres::Error> {
+    async fn current_pid(&self) -> Result<Option<i32>, tokio_postgres::Error> {
         backend_pid(&self.client).await
     }
 
@@ -371,7 +371,9 @@ impl Session {
     /// connection from another. Reported to the session's `PoolerCheck`, which stops the relay;
     /// a failure to ask is left to the relay's usual paths.
     pub async fn probe_pooler(&self, pool: &deadpool_postgres::Pool) {
-        let Ok(conn) = pool.get().await else {
+        // Taken out of the pool, closed when done: a probe cut short (its deadline) must not
+        // give a connection back to the pool inside its transaction.
+        let Ok(conn) = pool.get().await.map(deadpool_postgres::Object::take) else {
             return;
         };
         let Ok(held) = conn.simple_query("BEGIN; SELECT pg_backend_pid()").await else {

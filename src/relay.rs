@@ -741,9 +741,10 @@ impl Relay {
         // does, rather than ending the drain long before it. A missing table or privilege, or a
         // read-only server, ends it.
         let ride_out = |e: &crate::store::StoreError| {
-            e.is_retryable()
+            // First: a pooler's signs (42P05 among them) are also errors no waiting fixes.
+            !self.pooled(e)
+                && e.is_retryable()
                 && !e.is_read_only()
-                && !self.pooled(e)
                 && !timer.is_cancelled()
                 && !shutdown.is_cancelled()
         };

@@ -24,6 +24,10 @@ impl Drain {
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
         let left = relay.drain(timeout, shutdown).await;
+        // An error the drain ended with may be the first sign of a pooler in transaction mode.
+        if let Err(crate::store::StoreError::Db(e)) = &left {
+            relay.pooler.check(e);
+        }
         if let Some(pooler) = relay.pooler.finding() {
             return Err(Failure::Config(pooler));
         }

@@ -466,6 +466,19 @@ pub async fn wait_for_writes(fga: &Fga, n: usize, what: &str) {
     .await;
 }
 
+/// Whether the relay holds the wake lock (it does while it sleeps, waiting for a notification)
+/// is `sleeping`.
+pub async fn relay_sleeps(admin: &tokio_postgres::Client, sleeping: bool) -> bool {
+    let held = super::pg::count(
+        admin,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = 1718051121 AND mode = 'ExclusiveLock'",
+        &[],
+    )
+    .await;
+    (held == 1) == sleeping
+}
+
 /// Every tuple key a Write's body names, written or deleted, as `object#relation@user`.
 pub fn write_tuple_keys(body: &serde_json::Value) -> Vec<String> {
     ["writes", "deletes"]

@@ -153,6 +153,15 @@ impl Drop for Background {
     }
 }
 
+/// Counts a held connection as ended when dropped, however its task ends.
+struct Ended<'a>(&'a AtomicUsize);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// Binds 127.0.0.1 on a free port, ready for a tokio listener on another runtime.
 pub fn bind_local() -> (std::net::TcpListener, SocketAddr) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
@@ -165,7 +174,20 @@ pub fn bind_local() -> (std::net::TcpListener, SocketAddr) {
 pub struct HttpsFront {
     addr: SocketAddr,
     failed_handshakes: Arc<AtomicUsize>,
+    hold: Arc<Hold>,
     _server: Background,
+}
+
+/// A connection accepted but whose TLS handshake waits: the client has handed its request to
+/// the connection and cannot send a byte of it until the handshake is done.
+#[derive(Default)]
+struct Hold {
+    /// The next connection accepted is held.
+    armed: std::sync::atomic::AtomicBool,
+    /// Connections held so far, and those of them that have ended since.
+    held: AtomicUsize,
+    ended: AtomicUsize,
+    released: std::sync::Mutex<Option<tokio::sync::watch::Sender<bool>>>,
 }
 
 impl HttpsFront {
@@ -189,12 +211,32 @@ impl HttpsFront {
         let (listener, addr) = bind_local();
         let failed_handshakes = Arc::new(AtomicUsize::new(0));
         let failed = failed_handshakes.clone();
+        let hold = Arc::new(Hold::default());
+        let holds = hold.clone();
         let server = Background::spawn("https-front", move || async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
             while let Ok((tcp, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
                 let failed = failed.clone();
+                let hold = holds.clone();
                 tokio::spawn(async move {
+                    let released = hold
+                        .armed
+                        .swap(false, Ordering::SeqCst)
+                        .then(|| {
+                            hold.released
+                                .lock()
+                                .unwrap()
+                                .as_ref()
+                                .map(|r| r.subscribe())
+                        })
+                        .flatten();
+                    let held = released.is_some();
+                    if let Some(mut released) = released {
+                        hold.held.fetch_add(1, Ordering::SeqCst);
+                        let _ = released.wait_for(|r| *r).await;
+                    }
+                    let _ended = held.then(|| Ended(&hold.ended));
                     let Ok(mut tls) = acceptor.accept(tcp).await else {
                         // The client refused our certificate (or hung up).
                         failed.fetch_add(1, Ordering::SeqCst);
@@ -210,8 +252,31 @@ impl HttpsFront {
         HttpsFront {
             addr,
             failed_handshakes,
+            hold,
             _server: server,
         }
+    }
+
+    /// Holds the TLS handshake of the next connection accepted until [`HttpsFront::release`].
+    pub fn hold_next_handshake(&self) {
+        *self.hold.released.lock().unwrap() = Some(tokio::sync::watch::channel(false).0);
+        self.hold.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets the held handshake go on.
+    pub fn release(&self) {
+        if let Some(r) = self.hold.released.lock().unwrap().as_ref() {
+            r.send_replace(true);
+        }
+    }
+
+    /// How many connections were held, and how many of those have ended since (closed by
+    /// either side, or refused).
+    pub fn held(&self) -> (usize, usize) {
+        (
+            self.hold.held.load(Ordering::SeqCst),
+            self.hold.ended.load(Ordering::SeqCst),
+        )
     }
 
     /// `https://127.0.0.1:PORT`

@@ -166,3 +166,121 @@ async fn slow_lease_renewals_do_not_close_the_send_window() {
     );
     assert!(!relay.logs().contains("lease ran out"), "{}", relay.logs());
 }
+
+/// A lone relay's LISTEN connection, which holds leadership, freezes (bytes stop both ways,
+/// nothing is closed, so the server keeps the session). The relay gives the session up within
+/// two heartbeats and, reconnecting, ends it itself (it knows its pid and start): a row inserted
+/// after the freeze is delivered while the frozen session's lease (a minute) still runs. Without
+/// that, nothing could take leadership from the frozen session before its lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnecting_relay_ends_its_own_previous_session_before_its_lease_runs_out() {
+    let env = Env::with(tcp_db(&[]), crate::common::fga::Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let relay = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+        ("FGA_RELAY_LEADER_LEASE", "60s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    let before = env
+        .insert(writes(&[tk("user:before", "viewer", "document:e")]))
+        .await;
+    env.wait_delivered(before).await;
+    // Only the session that leads: a pass caught with its pooled connections frozen could have
+    // Writes in flight, and the relay would rightly wait out its own fence on retaking.
+    assert_eq!(proxy.freeze_named("fga-relay run listener"), 1);
+    let frozen = record(&env).await;
+    let after = env
+        .insert(writes(&[tk("user:after", "viewer", "document:e")]))
+        .await;
+    // Long enough for the lease to run out and the relay to recover without its own ending of
+    // the session too: the assertion below then says which way it went.
+    wait_until(
+        Duration::from_secs(120),
+        "a row inserted after the freeze is delivered",
+        || async { env.row(after).await.delivered },
+    )
+    .await;
+    let delivered_at: SystemTime = env
+        .db
+        .connect()
+        .await
+        .query_one(
+            "SELECT processed_at FROM fga_outbox WHERE id = $1",
+            &[&after],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        delivered_at < frozen.lease_until,
+        "delivered at {delivered_at:?}, not before the frozen session's lease ran out \
+         ({:?}): the relay did not end its own previous session",
+        frozen.lease_until
+    );
+    assert!(relay.logs().contains("ended this relay's previous session"));
+}
+
+/// A Write handed to the HTTP client whose connection is not up yet (the https front holds its
+/// TLS handshake) when the leader is stopped (SIGSTOP). Continued once its lease has run out by
+/// its own clock, but before the Write's deadline, the relay must not send it: the request body
+/// asks the lease as the connection writes it. The Write never reaches OpenFGA (the front's
+/// connection ends with no Write received); the relay delivers the row later, as leader again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stopped_before_its_body_left_does_not_reach_openfga_once_the_lease_ran_out() {
+    use crate::common::tls::{HttpsFront, TempDir, TestCa};
+    let env = Env::start().await;
+    let ca = TestCa::new("fga-relay test CA");
+    let front = HttpsFront::start(&ca.server_cert(&["127.0.0.1"]), env.fga.addr());
+    let files = TempDir::new();
+    let ca_file = files.file("ca.pem", ca.pem()).display().to_string();
+    // The window ends at most two heartbeats (3 s) after the last renewal, and the relay is
+    // continued just after that: 1.6 to 3.1 s after the Write was handed over, well within its
+    // connection's deadline (4.4 s, the request timeout), so that it is the window, not a
+    // deadline, that stops the Write.
+    let margin = Duration::from_millis(1500);
+    let relay = env.spawn_relay(&[
+        ("FGA_API_URL", front.url().as_str()),
+        ("FGA_CA_FILE", ca_file.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1500ms"),
+        ("FGA_RELAY_LEADER_LEASE", "4500ms"),
+        ("FGA_RELAY_REQUEST_TIMEOUT", "4400ms"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    // The connection of the start-up check goes, so that the Write needs a new one.
+    env.fga.set_refusing(true);
+    env.fga.set_refusing(false);
+    front.hold_next_handshake();
+    let id = env
+        .insert(writes(&[tk("user:held", "viewer", "document:w")]))
+        .await;
+    wait_until(PROMPTLY, "the Write waits for its connection", || {
+        let (held, _) = front.held();
+        async move { held == 1 }
+    })
+    .await;
+    relay.signal(libc::SIGSTOP);
+    let lease_until = record(&env).await.lease_until;
+    // By its own clock, the relay's window ends a heartbeat before the lease PostgreSQL holds.
+    wait_until(PROMPTLY, "the stopped relay's window has ended", || async {
+        SystemTime::now() > lease_until - margin + Duration::from_millis(100)
+    })
+    .await;
+    front.release();
+    relay.signal(libc::SIGCONT);
+    wait_until(PROMPTLY, "the held Write is given up or sent", || {
+        let (_, ended) = front.held();
+        let sent = env.fga.write_count();
+        async move { ended == 1 || sent > 0 }
+    })
+    .await;
+    assert_eq!(
+        env.fga.write_count(),
+        0,
+        "a Write left after the lease ran out: {:?}",
+        env.fga.writes().iter().map(|w| &w.body).collect::<Vec<_>>()
+    );
+    assert!(!env.fga.has("user:held", "viewer", "document:w"));
+    env.wait_delivered(id).await;
+}

@@ -9,7 +9,8 @@ use crate::common::fga::{Fault, FaultRule, Fga, Op};
 use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
 use crate::common::proxy::{proxy_for, tcp_db, tcp_url};
 use crate::common::relay::{
-    Env, RelayProc, accepted_writes, deletes, insert_with, tk, wait_for_writes, wait_until, writes,
+    Env, RelayProc, accepted_writes, deletes, insert_with, relay_sleeps, tk, wait_for_writes,
+    wait_until, writes,
 };
 use std::time::{Duration, Instant};
 
@@ -339,19 +340,6 @@ async fn relay_statements(client: &tokio_postgres::Client) -> i64 {
         .await
         .unwrap()
         .get(0)
-}
-
-/// Whether the relay holds the wake lock (it does while it sleeps, waiting for a notification)
-/// is `sleeping`.
-async fn relay_sleeps(admin: &tokio_postgres::Client, sleeping: bool) -> bool {
-    let held = crate::common::pg::count(
-        admin,
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND classid = 1718051121 AND mode = 'ExclusiveLock'",
-        &[],
-    )
-    .await;
-    (held == 1) == sleeping
 }
 
 /// A writer's transaction that inserted into the outbox holds the wake lock (shared) for as
