@@ -59,7 +59,10 @@ pub(crate) struct CpuSnap {
     pub(crate) relay: u64,
     pub(crate) relay_pg: u64,
     pub(crate) pg_all: u64,
-    pub(crate) standin: u64,
+    /// The OpenFGA servers the bench started (child processes named `openfga`).
+    pub(crate) openfga: u64,
+    /// The fault proxy's threads in front of them, in this process.
+    pub(crate) proxy: u64,
     pub(crate) bench_all: u64,
     pub(crate) pgbench: u64,
     pub(crate) machine_busy: u64,
@@ -99,13 +102,27 @@ impl CpuSnap {
                 }
             }
         }
-        // The stand-in's threads (its accept loop and its runtime's workers), in this process.
+        // The OpenFGA servers this process started, and the proxy's threads in this process.
+        let me = std::process::id();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                if comm.trim() == "openfga" {
+                    s.openfga += proc_stat(pid)
+                        .filter(|p| p.ppid == me)
+                        .map_or(0, |p| p.ticks);
+                }
+            }
+        }
         if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
             for e in dir.flatten() {
                 let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-                if comm.trim().starts_with("fake-fga") {
+                if comm.trim().starts_with("fga-proxy") {
                     let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-                    s.standin += parse_stat(&stat).map_or(0, |p| p.ticks);
+                    s.proxy += parse_stat(&stat).map_or(0, |p| p.ticks);
                 }
             }
         }
@@ -136,14 +153,15 @@ impl CpuSnap {
             (Some(a), Some(b)) => (b - a).as_secs_f64(),
             _ => 0.0,
         };
-        let standin = d(self.standin, later.standin);
+        let proxy = d(self.proxy, later.proxy);
         CpuUse {
             wall,
             relay: d(self.relay, later.relay),
             relay_pg: d(self.relay_pg, later.relay_pg),
             pg_other: d(self.pg_all, later.pg_all) - d(self.relay_pg, later.relay_pg),
-            standin,
-            bench: d(self.bench_all, later.bench_all) - standin,
+            openfga: d(self.openfga, later.openfga),
+            proxy,
+            bench: d(self.bench_all, later.bench_all) - proxy,
             pgbench: d(self.pgbench, later.pgbench),
             machine: d(self.machine_busy, later.machine_busy),
         }
@@ -156,7 +174,8 @@ pub(crate) struct CpuUse {
     pub(crate) relay: f64,
     pub(crate) relay_pg: f64,
     pub(crate) pg_other: f64,
-    pub(crate) standin: f64,
+    pub(crate) openfga: f64,
+    pub(crate) proxy: f64,
     pub(crate) bench: f64,
     /// pgbench, when it ran.
     pub(crate) pgbench: f64,
@@ -171,7 +190,8 @@ impl CpuUse {
             - self.relay
             - self.relay_pg
             - self.pg_other
-            - self.standin
+            - self.openfga
+            - self.proxy
             - self.bench
             - self.pgbench)
             .max(0.0)
@@ -187,13 +207,15 @@ impl CpuUse {
         };
         format!(
             "CPU over {:.2} s (100% = one core): relay {:.0}%, its PostgreSQL sessions {:.0}%, \
-             rest of PostgreSQL {:.0}%, OpenFGA stand-in {:.0}%, bench {:.0}%, other processes \
+             rest of PostgreSQL {:.0}%, OpenFGA {:.0}%, its proxy {:.0}%, bench {:.0}%, other \
+             processes \
              {:.0}%; machine busy {:.0}% of {}%",
             self.wall,
             pct(self.relay),
             pct(self.relay_pg),
             pct(self.pg_other.max(0.0)),
-            pct(self.standin),
+            pct(self.openfga),
+            pct(self.proxy),
             pct(self.bench.max(0.0)),
             pct(self.others()),
             pct(self.machine),

@@ -2,7 +2,7 @@
 //! (commit → a plain LISTENer).
 
 use crate::args::Sizes;
-use crate::common::fga::Fga;
+use crate::common::fga::{Fga, WriteRecord};
 use crate::common::pg::TestDb;
 use crate::harness::Bench;
 use crate::stats::Dist;
@@ -69,11 +69,19 @@ pub(crate) async fn commit_steadily(
 
 /// When the proxy first received each user's tuple in a Write OpenFGA accepted.
 pub(crate) fn receipts(fga: &Fga) -> HashMap<String, Instant> {
-    let mut m = HashMap::new();
+    first_seen(fga, |w| Some(w.received_at))
+}
+
+/// For each user written by a Write OpenFGA accepted, the earliest `at` of such a Write.
+pub(crate) fn first_seen(
+    fga: &Fga,
+    at: impl Fn(&WriteRecord) -> Option<Instant>,
+) -> HashMap<String, Instant> {
+    let mut m: HashMap<String, Instant> = HashMap::new();
     for w in fga.writes() {
-        if w.status != 200 {
+        let Some(when) = at(&w).filter(|_| w.status == 200) else {
             continue;
-        }
+        };
         let Some(keys) = w
             .body
             .pointer("/writes/tuple_keys")
@@ -83,7 +91,8 @@ pub(crate) fn receipts(fga: &Fga) -> HashMap<String, Instant> {
         };
         for k in keys {
             if let Some(u) = k.get("user").and_then(Value::as_str) {
-                m.entry(u.to_owned()).or_insert(w.received_at);
+                let first = m.entry(u.to_owned()).or_insert(when);
+                *first = (*first).min(when);
             }
         }
     }

@@ -1,11 +1,15 @@
 //! Scenario: a real OpenFGA (the newest the tests run) on its PostgreSQL datastore, a cluster of
-//! its own with production durability, the relay talking to it directly (no proxy between).
+//! its own with production durability.
 //!
 //! - The ceiling: a bare client sending the relay's Writes (100 tuples of the burn-down's rows)
-//!   straight to OpenFGA, with as many in flight as the relay's default window, no outbox.
-//! - The relay's burn-down of the same tuples, as a ratio of that ceiling.
-//! - Latency: commit → a Check that answers allowed, at the latency scenario's rate, beside
-//!   OpenFGA's own Write latency (single-tuple Writes at the same rate from the bare client).
+//!   straight to OpenFGA, with as many in flight as the relay's default window, no outbox;
+//!   measured before and after the relay's burn-down, which also talks to OpenFGA directly.
+//! - The relay's burn-down of the same tuples, as a ratio of the two ceilings' mean.
+//! - Latency, at the latency scenario's rate: commit → OpenFGA answered the relay's Write
+//!   carrying the row (then a Check of every tuple must answer allowed), beside the bare
+//!   client's single-tuple Write round trip. Both go through the tests' proxy, whose hop they
+//!   then share, and which times the relay's Writes without asking OpenFGA anything: a Check
+//!   loop per commit (tried first) loads OpenFGA enough to measure itself.
 //! - The window: the bare client at 4, 8, 16 and 32 Writes in flight: what each does to
 //!   OpenFGA's throughput and to its Write latency.
 
@@ -15,6 +19,7 @@ use crate::common::fga::Fga;
 use crate::common::pg::{PgOptions, TestDb};
 use crate::cpu::loadavg;
 use crate::harness::Bench;
+use crate::latency::{commit_steadily, first_seen};
 use crate::stats::Dist;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
@@ -47,9 +52,15 @@ impl Bare {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Real {
     pub(crate) ceiling: Bare,
+    /// The ceiling measured again after the relay's burn-down.
+    pub(crate) ceiling_after: Bare,
     pub(crate) relay: BurnDown,
-    /// Commit returned → the first Check that answered allowed.
-    pub(crate) check: Dist,
+    /// Commit returned → OpenFGA answered the relay's Write carrying the row.
+    pub(crate) applied: Dist,
+    /// Commit returned → the proxy received that Write: the relay's own part of `applied`.
+    pub(crate) sent: Dist,
+    /// Those Writes' round trips from the proxy to OpenFGA and back.
+    pub(crate) relay_write: Dist,
     /// OpenFGA's own single-tuple Write, at the same rate, from the bare client.
     pub(crate) write: Dist,
     pub(crate) windows: Vec<Bare>,
@@ -57,8 +68,12 @@ pub(crate) struct Real {
 }
 
 impl Real {
+    pub(crate) fn ceiling_tuples_per_s(&self) -> f64 {
+        (self.ceiling.tuples_per_s() + self.ceiling_after.tuples_per_s()) / 2.0
+    }
+
     pub(crate) fn ratio(&self) -> f64 {
-        self.relay.tuples_per_s() / self.ceiling.tuples_per_s()
+        self.relay.tuples_per_s() / self.ceiling_tuples_per_s()
     }
 }
 
@@ -154,25 +169,11 @@ where
     Ok(Dist::of(ms))
 }
 
-/// Checks `user viewer object` until OpenFGA answers allowed; the milliseconds from `since`.
-async fn until_allowed(
-    http: reqwest::Client,
-    url: String,
-    user: String,
-    object: String,
-    since: Instant,
-) -> Result<f64> {
+/// Whether OpenFGA's Check allows `user viewer object`.
+async fn allowed(http: &reqwest::Client, url: &str, user: &str, object: &str) -> Result<bool> {
     let body = json!({"tuple_key": {"user": user, "relation": "viewer", "object": object}});
-    let deadline = since + Duration::from_secs(30);
-    loop {
-        let answer: Value = http.post(&url).json(&body).send().await?.json().await?;
-        if answer["allowed"] == json!(true) {
-            return Ok(since.elapsed().as_secs_f64() * 1e3);
-        }
-        if Instant::now() > deadline {
-            bail!("{user} never allowed on {object}");
-        }
-    }
+    let answer: Value = http.post(url).json(&body).send().await?.json().await?;
+    Ok(answer["allowed"] == json!(true))
 }
 
 impl Bench {
@@ -193,8 +194,11 @@ impl Bench {
             "OpenFGA {} on PostgreSQL (fsync on); {rows} rows of 2 tuples, Writes of 100",
             fga.version()
         );
-        // Warm-up: connections, OpenFGA's caches and its tables' first pages.
-        bare(&http, &write_url, "rw", rows.min(1_000), DEFAULT_WINDOW).await?;
+        // Warm-up: connections, OpenFGA's caches and its tables' first pages; then statistics
+        // for OpenFGA's tables, which otherwise arrive with autovacuum in the middle of a run
+        // and change its plans (a first ceiling measured without them was 5× lower).
+        bare(&http, &write_url, "rw", rows.min(5_000), DEFAULT_WINDOW).await?;
+        datastore.connect().await.batch_execute("ANALYZE").await?;
 
         let ceiling = bare(&http, &write_url, "rc", rows, DEFAULT_WINDOW).await?;
         println!(
@@ -207,38 +211,65 @@ impl Bench {
             .burn_with(rows, "rb", &fga, &[("FGA_API_URL", &base)])
             .await?;
         relay.print("relay burn-down");
+        let ceiling_after = bare(&http, &write_url, "rd", rows, DEFAULT_WINDOW).await?;
         println!(
-            "  relay / ceiling: {:.3}",
-            relay.tuples_per_s() / ceiling.tuples_per_s()
+            "  ceiling again: {:.0} tuples/s; Write {}",
+            ceiling_after.tuples_per_s(),
+            ceiling_after.write.line()
+        );
+        let mean = (ceiling.tuples_per_s() + ceiling_after.tuples_per_s()) / 2.0;
+        println!(
+            "  relay / ceilings' mean: {:.3}",
+            relay.tuples_per_s() / mean
         );
 
+        // Latency, through the proxy (the relay's default URL here).
         let n = sizes.latency_commits;
         let rate = sizes.latency_rate;
         self.truncate().await?;
-        let relay_proc = self.start_relay(&fga, &[("FGA_API_URL", &base)]).await?;
-        let writer = Arc::new(self.db.connect().await);
-        let insert = writer
-            .prepare("INSERT INTO fga_outbox (payload) VALUES ($1)")
-            .await?;
-        let check = steadily(n, rate, |i| {
-            let (writer, insert, http, url) =
-                (writer.clone(), insert.clone(), http.clone(), check_url.clone());
-            async move {
-                let user = format!("user:rl{i}");
-                let payload =
-                    json!({"writes": [{"user": user, "relation": "viewer", "object": "document:rl"}]});
-                writer.execute(&insert, &[&payload]).await?;
-                until_allowed(http, url, user, "document:rl".into(), Instant::now()).await
-            }
-        })
-        .await?;
+        let relay_proc = self.start_relay(&fga, &[]).await?;
+        let writer = self.db.connect().await;
+        commit_steadily(&writer, "rlw", sizes.latency_warmup, rate).await?;
+        let commits = commit_steadily(&writer, "rl", n, rate).await?;
+        let wait = self
+            .wait_drained(Duration::from_secs(30), Duration::from_millis(5))
+            .await;
         self.stop_relay(relay_proc, "real latency", &[]).await;
+        wait?;
+        let answered = first_seen(&fga, |w| w.answered_at);
+        let received = first_seen(&fga, |w| Some(w.received_at));
+        let round_trips: Vec<f64> = fga
+            .writes()
+            .iter()
+            .filter_map(|w| Some((w.answered_at? - w.received_at).as_secs_f64() * 1e3))
+            .collect();
+        let (mut applied, mut sent) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut refused = 0;
+        for c in &commits {
+            let Some(&at) = answered.get(&c.user) else {
+                bail!("no answered Write carried {}", c.user);
+            };
+            applied.push(at.saturating_duration_since(c.committed).as_secs_f64() * 1e3);
+            if let Some(&r) = received.get(&c.user) {
+                sent.push(r.saturating_duration_since(c.committed).as_secs_f64() * 1e3);
+            }
+            if !allowed(&http, &check_url, &c.user, "document:rl").await? {
+                refused += 1;
+            }
+        }
+        if refused > 0 {
+            bail!("{refused} of {n} delivered tuples not allowed by a Check");
+        }
+        let (applied, sent, relay_write) =
+            (Dist::of(applied), Dist::of(sent), Dist::of(round_trips));
+        let proxied_write = format!("{}/stores/{store}/write", fga.url());
         let write = steadily(n, rate, |i| {
-            let (http, url) = (http.clone(), write_url.clone());
+            let (http, url) = (http.clone(), proxied_write.clone());
             async move {
+                // The body the relay sends for one row.
                 let body = json!({"writes": {"tuple_keys": [
                     {"user": format!("user:rw{i}"), "relation": "viewer", "object": "document:rw"}
-                ]}});
+                ], "on_duplicate": "ignore"}});
                 let t = Instant::now();
                 let answer = http.post(&url).json(&body).send().await?;
                 if !answer.status().is_success() {
@@ -248,7 +279,16 @@ impl Bench {
             }
         })
         .await?;
-        println!("  commit → Check allowed at {rate}/s: {}", check.line());
+        println!(
+            "  commit → OpenFGA answered the relay's Write, at {rate}/s: {} (then all {n} \
+             allowed by a Check)",
+            applied.line()
+        );
+        println!(
+            "    of which commit → the relay's Write sent: {}",
+            sent.line()
+        );
+        println!("    and those Writes at OpenFGA: {}", relay_write.line());
         println!("  OpenFGA's own Write at {rate}/s:   {}", write.line());
 
         let mut windows = Vec::new();
@@ -263,8 +303,11 @@ impl Bench {
         }
         Ok(Real {
             ceiling,
+            ceiling_after,
             relay,
-            check,
+            applied,
+            sent,
+            relay_write,
             write,
             windows,
             load: loadavg(),
