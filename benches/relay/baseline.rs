@@ -2,7 +2,6 @@
 
 use crate::args::Sizes;
 use crate::burndown::{RowState, rows_sql};
-use crate::common::fga::Fga;
 use crate::harness::Bench;
 use crate::latency::{LatencyResult, measure_latency};
 use anyhow::{Result, bail};
@@ -87,7 +86,7 @@ impl Bench {
     pub(crate) async fn baseline(&self, sizes: &Sizes) -> Result<BaselineResult> {
         // Latency.
         self.truncate().await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let stop = CancellationToken::new();
         let drainer = tokio::spawn(baseline_drainer(
             self.db.url().to_owned(),
@@ -108,7 +107,7 @@ impl Bench {
         self.admin
             .batch_execute("ANALYZE fga_outbox; CHECKPOINT")
             .await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let stop = CancellationToken::new();
         let t0 = Instant::now();
         let drainer = tokio::spawn(baseline_drainer(

@@ -159,7 +159,7 @@ impl Bench {
     /// the backlog is inserted, analysed and EXPLAINed, and the clock starts at SIGCONT: the
     /// notification of the backlog's commit is waiting for it then.
     pub(crate) async fn burn(&self, n: usize, tag: &str) -> Result<BurnDown> {
-        self.burn_with(n, tag, &Fga::start(), &[]).await
+        self.burn_with(n, tag, &self.fga(), &[]).await
     }
 
     /// As [`Bench::burn`], against this stand-in, with `extra` environment for the relay.

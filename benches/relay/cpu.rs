@@ -52,6 +52,23 @@ pub(crate) fn clock_ticks_per_second() -> f64 {
     if t > 0 { t as f64 } else { 100.0 }
 }
 
+/// A PostgreSQL cluster's CPU: the postmaster and its children (backends, walwriter,
+/// checkpointer, autovacuum).
+fn cluster_ticks(postmaster: u32) -> u64 {
+    let mut ticks = proc_stat(postmaster).map_or(0, |p| p.ticks);
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(p) = proc_stat(pid).filter(|p| p.ppid == postmaster) {
+                ticks += p.ticks;
+            }
+        }
+    }
+    ticks
+}
+
 /// CPU used so far by each party, in clock ticks.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CpuSnap {
@@ -63,6 +80,8 @@ pub(crate) struct CpuSnap {
     pub(crate) openfga: u64,
     /// The fault proxy's threads in front of them, in this process.
     pub(crate) proxy: u64,
+    /// OpenFGA's own PostgreSQL cluster.
+    pub(crate) openfga_pg: u64,
     pub(crate) bench_all: u64,
     pub(crate) pgbench: u64,
     pub(crate) machine_busy: u64,
@@ -72,7 +91,7 @@ impl CpuSnap {
     pub(crate) fn take(
         relay: Option<u32>,
         relay_backends: &[u32],
-        postmaster: u32,
+        [postmaster, fga_postmaster]: [u32; 2],
         pgbench: Option<u32>,
     ) -> CpuSnap {
         let mut s = CpuSnap {
@@ -90,18 +109,8 @@ impl CpuSnap {
             .filter_map(|&p| proc_stat(p))
             .map(|p| p.ticks)
             .sum();
-        // The postmaster and its children: backends, walwriter, checkpointer, autovacuum.
-        s.pg_all = proc_stat(postmaster).map_or(0, |p| p.ticks);
-        if let Ok(dir) = std::fs::read_dir("/proc") {
-            for e in dir.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                    continue;
-                };
-                if let Some(p) = proc_stat(pid).filter(|p| p.ppid == postmaster) {
-                    s.pg_all += p.ticks;
-                }
-            }
-        }
+        s.pg_all = cluster_ticks(postmaster);
+        s.openfga_pg = cluster_ticks(fga_postmaster);
         // The OpenFGA servers this process started, and the proxy's threads in this process.
         let me = std::process::id();
         if let Ok(dir) = std::fs::read_dir("/proc") {
@@ -160,6 +169,7 @@ impl CpuSnap {
             relay_pg: d(self.relay_pg, later.relay_pg),
             pg_other: d(self.pg_all, later.pg_all) - d(self.relay_pg, later.relay_pg),
             openfga: d(self.openfga, later.openfga),
+            openfga_pg: d(self.openfga_pg, later.openfga_pg),
             proxy,
             bench: d(self.bench_all, later.bench_all) - proxy,
             pgbench: d(self.pgbench, later.pgbench),
@@ -175,6 +185,7 @@ pub(crate) struct CpuUse {
     pub(crate) relay_pg: f64,
     pub(crate) pg_other: f64,
     pub(crate) openfga: f64,
+    pub(crate) openfga_pg: f64,
     pub(crate) proxy: f64,
     pub(crate) bench: f64,
     /// pgbench, when it ran.
@@ -191,6 +202,7 @@ impl CpuUse {
             - self.relay_pg
             - self.pg_other
             - self.openfga
+            - self.openfga_pg
             - self.proxy
             - self.bench
             - self.pgbench)
@@ -207,14 +219,15 @@ impl CpuUse {
         };
         format!(
             "CPU over {:.2} s (100% = one core): relay {:.0}%, its PostgreSQL sessions {:.0}%, \
-             rest of PostgreSQL {:.0}%, OpenFGA {:.0}%, its proxy {:.0}%, bench {:.0}%, other \
-             processes \
+             rest of PostgreSQL {:.0}%, OpenFGA {:.0}% and its PostgreSQL {:.0}%, its proxy \
+             {:.0}%, bench {:.0}%, other processes \
              {:.0}%; machine busy {:.0}% of {}%",
             self.wall,
             pct(self.relay),
             pct(self.relay_pg),
             pct(self.pg_other.max(0.0)),
             pct(self.openfga),
+            pct(self.openfga_pg),
             pct(self.proxy),
             pct(self.bench.max(0.0)),
             pct(self.others()),

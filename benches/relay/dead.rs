@@ -4,7 +4,6 @@
 
 use crate::args::Sizes;
 use crate::burndown::{BurnDown, RowState};
-use crate::common::fga::Fga;
 use crate::harness::Bench;
 use crate::latency::{LatencyResult, measure_latency};
 use crate::stats::median;
@@ -33,7 +32,7 @@ impl Bench {
         sizes: &Sizes,
         tag: &str,
     ) -> Result<(LatencyResult, BurnDown)> {
-        let fga = Fga::start();
+        let fga = self.fga();
         let relay = self.start_relay(&fga, &[]).await?;
         let lat = measure_latency(&self.db, &fga, tag, sizes, Duration::from_secs(10)).await?;
         self.stop_relay(relay, "dead rows", &[]).await;

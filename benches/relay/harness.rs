@@ -22,6 +22,11 @@ pub(crate) const BATCH: i64 = 500;
 
 pub(crate) struct Bench {
     pub(crate) db: TestDb,
+    /// OpenFGA's own database, as in production: a cluster apart from the outbox's, with the
+    /// same durability. OpenFGA's memory datastore, which the tests use, is not made for
+    /// production loads: Writes into a store of 100,000 tuples ran into its deadline.
+    pub(crate) fga_db: TestDb,
+    pub(crate) fga_postmaster: u32,
     /// The bench's own connection, as `postgres`.
     pub(crate) admin: Client,
     pub(crate) relay_bin: PathBuf,
@@ -35,6 +40,11 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
+    /// A store of its own on a real OpenFGA over [`Bench::fga_db`], behind the tests' proxy.
+    pub(crate) fn fga(&self) -> Fga {
+        Fga::builder().postgres(&self.fga_db.uri()).start()
+    }
+
     pub(crate) async fn start(args: &Args) -> Result<Bench> {
         let db = TestDb::start_with(PgOptions {
             durable: true,
@@ -60,8 +70,23 @@ impl Bench {
         let postmaster = proc_stat(backend as u32)
             .map(|s| s.ppid)
             .context("the postmaster's pid")?;
+        let fga_db = TestDb::start_with(PgOptions {
+            durable: true,
+            ..PgOptions::default()
+        });
+        let backend: i32 = fga_db
+            .connect()
+            .await
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let fga_postmaster = proc_stat(backend as u32)
+            .map(|s| s.ppid)
+            .context("the postmaster's pid")?;
         let bench = Bench {
             db,
+            fga_db,
+            fga_postmaster,
             admin,
             relay_bin: args
                 .relay_bin
@@ -261,7 +286,12 @@ impl Bench {
         pgbench: Option<u32>,
     ) -> Result<CpuSnap> {
         let backends = self.relay_backends().await?;
-        Ok(CpuSnap::take(relay, &backends, self.postmaster, pgbench))
+        Ok(CpuSnap::take(
+            relay,
+            &backends,
+            [self.postmaster, self.fga_postmaster],
+            pgbench,
+        ))
     }
 
     /// `BEGIN; EXPLAIN (ANALYZE, BUFFERS) <the claim>; ROLLBACK` with the relay's parameters

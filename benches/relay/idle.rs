@@ -1,7 +1,6 @@
 //! Scenario: an idle relay: the statements it runs and the CPU it takes.
 
 use crate::args::Sizes;
-use crate::common::fga::Fga;
 use crate::cpu::CpuUse;
 use crate::harness::Bench;
 use anyhow::Result;
@@ -25,7 +24,7 @@ impl IdleResult {
 impl Bench {
     pub(crate) async fn idle(&self, sizes: &Sizes) -> Result<IdleResult> {
         self.truncate().await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let relay = self.start_relay(&fga, &[]).await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         self.admin

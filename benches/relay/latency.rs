@@ -231,7 +231,7 @@ impl Bench {
         self.truncate().await?;
         let floor =
             notify_floor(&self.db, sizes.latency_commits.min(500), sizes.latency_rate).await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let relay = self.start_relay(&fga, &[]).await?;
         let cpu0 = self.cpu(Some(relay.pid())).await?;
         let mut r = measure_latency(&self.db, &fga, "lat", sizes, Duration::from_secs(10)).await?;

@@ -6,7 +6,6 @@
 //! one writer.
 
 use crate::args::Sizes;
-use crate::common::fga::Fga;
 use crate::cpu::loadavg;
 use crate::harness::Bench;
 use crate::latency::measure_latency;
@@ -133,7 +132,7 @@ impl Bench {
             let mut lat = Vec::new();
             for (tag, s) in [("l2", sizes), ("l1k", &stream)] {
                 self.truncate().await?;
-                let fga = Fga::start();
+                let fga = self.fga();
                 let relay = self
                     .start_relay(&fga, &[("FGA_RELAY_LINGER", l.as_str())])
                     .await?;

@@ -1,7 +1,7 @@
 //! fga-relay's benchmark: the performance targets' figures, measured with the real relay
-//! binary, a PostgreSQL cluster of its own with production settings (fsync on), and the
-//! in-process, zero-latency OpenFGA stand-in of the tests. Everything talks over loopback or Unix
-//! sockets and stops by itself.
+//! binary, a PostgreSQL cluster of its own with production settings (fsync on), and a real
+//! OpenFGA on a PostgreSQL cluster of its own, behind the tests' proxy. Everything talks over
+//! loopback or Unix sockets and stops by itself.
 //!
 //! ```sh
 //! cargo bench --bench relay                 # everything, about 12 minutes

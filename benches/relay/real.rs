@@ -15,8 +15,6 @@
 
 use crate::args::Sizes;
 use crate::burndown::BurnDown;
-use crate::common::fga::Fga;
-use crate::common::pg::{PgOptions, TestDb};
 use crate::cpu::loadavg;
 use crate::harness::Bench;
 use crate::latency::{commit_steadily, first_seen};
@@ -178,12 +176,8 @@ async fn allowed(http: &reqwest::Client, url: &str, user: &str, object: &str) ->
 
 impl Bench {
     pub(crate) async fn real(&self, sizes: &Sizes) -> Result<Real> {
-        // OpenFGA's own database, as in production: a cluster apart from the outbox's.
-        let datastore = TestDb::start_with(PgOptions {
-            durable: true,
-            ..PgOptions::default()
-        });
-        let fga = Fga::builder().postgres(&datastore.uri()).start();
+        let fga = self.fga();
+        let datastore = &self.fga_db;
         let base = fga.direct_url().to_owned();
         let store = fga.store_id().to_owned();
         let write_url = format!("{base}/stores/{store}/write");

@@ -4,7 +4,7 @@
 
 use crate::args::Sizes;
 use crate::burndown::{RowState, rows_sql};
-use crate::common::fga::{Fga, Latency};
+use crate::common::fga::Latency;
 use crate::cpu::loadavg;
 use crate::harness::Bench;
 use anyhow::Result;
@@ -62,7 +62,7 @@ impl Bench {
             let mut rates = Vec::new();
             for &w in &sizes.speed_windows {
                 self.truncate().await?;
-                let fga = Fga::start();
+                let fga = self.fga();
                 fga.set_latency(latency);
                 let window = w.to_string();
                 let r = self
@@ -102,7 +102,7 @@ impl Bench {
     /// OpenFGA accepted beyond the rows marked delivered: what the crash will send again.
     async fn crash_with_window_full(&self, n: usize) -> Result<i64> {
         self.truncate().await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         fga.set_latency(Some(Latency::Fixed(Duration::from_millis(20))));
         self.admin
             .batch_execute(&rows_sql("ck", n, RowState::Pending))

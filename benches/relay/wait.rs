@@ -14,7 +14,7 @@
 //! out cost (the relay down, or the row in flight to an OpenFGA that never answers).
 
 use crate::args::Sizes;
-use crate::common::fga::{Fault, FaultRule, Fga};
+use crate::common::fga::{Fault, FaultRule};
 use crate::common::relay::{RelayProc, WAIT_CALL, insert_with, tk, wait_for, writes};
 use crate::cpu::{loadavg, task_cpu_seconds};
 use crate::harness::Bench;
@@ -142,7 +142,7 @@ impl Bench {
              each waited for)"
         );
         for delay in [0u64, 5] {
-            let fga = Fga::start();
+            let fga = self.fga();
             if delay > 0 {
                 fga.push_fault(FaultRule::times(
                     Fault::Delay(Duration::from_millis(delay)),
@@ -330,7 +330,7 @@ impl Bench {
     /// throughout; and the CPU the waiters' backends used meanwhile, as a share of one core.
     async fn burn_down_waited(&self, n: usize, waiters: usize) -> Result<(f64, f64)> {
         self.truncate().await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let relay = self.start_relay(&fga, &[]).await?;
         relay.signal(libc::SIGSTOP);
         let c = self.db.connect().await;
@@ -395,7 +395,7 @@ impl Bench {
         candidate: &str,
     ) -> Result<(f64, f64, f64)> {
         self.truncate().await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let relay = self.start_relay(&fga, &[]).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let commits = Arc::new(AtomicU64::new(0));
@@ -477,7 +477,7 @@ impl Bench {
     /// backends used (share of one core, all together) and the looks each made a second.
     async fn timeouts(&self, secs: u64, waiters: usize, hang: bool) -> Result<(f64, f64)> {
         self.truncate().await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let relay: Option<RelayProc> = if hang {
             fga.push_fault(FaultRule::times(Fault::Hang, 1));
             // The Write stays in flight through the waits, and not much longer: the relay's

@@ -3,7 +3,6 @@
 
 use crate::args::Sizes;
 use crate::common;
-use crate::common::fga::Fga;
 use crate::cpu::CpuUse;
 use crate::harness::Bench;
 use crate::pgbench::{PGBENCH_SCRIPT, pgbench, pgbench_path, pgbench_tps};
@@ -141,7 +140,7 @@ impl Bench {
     ) -> Result<OneRun> {
         self.truncate().await?;
         self.set_trigger(kind).await?;
-        let fga = Fga::start();
+        let fga = self.fga();
         let relay = match relay {
             Some(extra) => {
                 let mut env = vec![
