@@ -162,7 +162,7 @@ impl Bench {
         self.burn_with(n, tag, &self.fga(), &[]).await
     }
 
-    /// As [`Bench::burn`], against this stand-in, with `extra` environment for the relay.
+    /// As [`Bench::burn`], against this OpenFGA, with `extra` environment for the relay.
     pub(crate) async fn burn_with(
         &self,
         n: usize,

@@ -21,9 +21,9 @@ pub(crate) struct Commit {
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LatencyResult {
-    /// Commit returned → the stand-in received the Write with the row's tuple.
+    /// Commit returned → the proxy received the Write with the row's tuple.
     pub(crate) relay: Dist,
-    /// INSERT sent → the stand-in received the Write: an upper bound of the above, which
+    /// INSERT sent → the proxy received the Write: an upper bound of the above, which
     /// does not depend on when the writer's task saw its commit return.
     pub(crate) from_send: Dist,
     /// The writer's INSERT (autocommit) round trip: the cost of the commit itself.

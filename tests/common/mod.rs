@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests and the benchmark: a real PostgreSQL the tests start
-//! themselves, an OpenFGA stand-in that answers as OpenFGA does, and ways to run the relay.
+//! themselves, real OpenFGA servers behind a fault proxy, and ways to run the relay.
 
 pub mod fga;
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! Running the real `fga-relay` binary against a test database and the OpenFGA stand-in: as a
+//! Running the real `fga-relay` binary against a test database and a real OpenFGA (behind the fault proxy): as a
 //! daemon (`run`, killed or stopped like a real process) or as a one-shot command.
 
 use super::fga::Fga;
@@ -20,14 +20,14 @@ pub const README_TUPLES: [(&str, &str, &str); 2] = [
     ("organization:acme", "parent", "capture_job:7f170ae4"),
 ];
 
-/// A database with the schema migrated, and an OpenFGA stand-in.
+/// A database with the schema migrated, and a store on a real OpenFGA.
 pub struct Env {
     pub db: TestDb,
     pub fga: Fga,
 }
 
 impl Env {
-    /// A migrated database and a default stand-in.
+    /// A migrated database and a store of its own on OpenFGA.
     pub async fn start() -> Env {
         Env::with_fga(Fga::start()).await
     }
@@ -36,7 +36,7 @@ impl Env {
         Env::with(TestDb::start(), fga).await
     }
 
-    /// This database, migrated, and this stand-in.
+    /// This database, migrated, and this OpenFGA store.
     pub async fn with(db: TestDb, fga: Fga) -> Env {
         let env = Env { db, fga };
         let out = env.command(&["migrate"]).output().expect("run migrate");

@@ -1,5 +1,5 @@
 //! TLS for the tests: a certificate authority made in the test, an https front for the OpenFGA
-//! stand-in (which speaks plain http), and a way to run a small server on a thread of its own.
+//! proxy in front of OpenFGA (which speaks plain http), and a way to run a small server on a thread of its own.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -170,7 +170,7 @@ pub fn bind_local() -> (std::net::TcpListener, SocketAddr) {
     (listener, addr)
 }
 
-/// A TLS-terminating proxy on 127.0.0.1: https in front, the stand-in's plain http behind.
+/// A TLS-terminating proxy on 127.0.0.1: https in front, the proxy's plain http behind.
 pub struct HttpsFront {
     addr: SocketAddr,
     failed_handshakes: Arc<AtomicUsize>,

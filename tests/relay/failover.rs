@@ -36,7 +36,7 @@ async fn record(env: &Env) -> Record {
     }
 }
 
-/// Timings under which a Write the stand-in applies `LATE` after it received it lands within
+/// Timings under which a Write the proxy lets OpenFGA apply `LATE` after it received it lands within
 /// the request timeout, and seconds after a relay that skipped the fence would send.
 const VARS: [(&str, &str); 3] = [
     ("FGA_RELAY_REQUEST_TIMEOUT", "6s"),

@@ -158,7 +158,7 @@ async fn stopped_leader(freeze: bool) {
     )
     .await;
     // Counted from the moment it is continued: a Write whose bytes left just before the stop
-    // took hold (several are in flight) may be read by the stand-in a moment after it; that
+    // took hold (several are in flight) may be read by the proxy a moment after it; that
     // one is the fence's to cover, not a Write of the continued process.
     let continued = Instant::now();
     old.signal(libc::SIGCONT);
@@ -204,7 +204,7 @@ enum Meanwhile {
     SessionLost,
 }
 
-/// The stand-in applies the leader's Write of a tuple late; the leader is killed meanwhile,
+/// The proxy has OpenFGA apply the leader's Write of a tuple late; the leader is killed meanwhile,
 /// and a later row deletes that tuple. Whoever delivers the delete must send it after the late
 /// write landed: OpenFGA ends without the tuple.
 async fn late_write_then(meanwhile: Meanwhile) {
@@ -615,7 +615,7 @@ async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_i
     .await;
     insert("q", 10).await;
     // Counted from the moment it is continued, as in the test above: a Write whose bytes left
-    // just before the stop took hold may be read by the stand-in a moment after it.
+    // just before the stop took hold may be read by the proxy a moment after it.
     let continued = Instant::now();
     old.signal(libc::SIGCONT);
     old.wait_for_log("standing by").await;

@@ -1,5 +1,5 @@
 //! Black-box tests of the `fga-relay` binary against a real PostgreSQL (started by the tests)
-//! and an OpenFGA stand-in that answers as OpenFGA does.
+//! and a real OpenFGA behind a fault proxy.
 
 #[path = "../common/mod.rs"]
 mod common;

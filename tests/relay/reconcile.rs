@@ -465,8 +465,8 @@ fn measured(env: &Env) -> (Outcome, Duration, u64) {
 /// Rows `from..=through`, delivered, one tuple each: row `i` writes tuple `i` when `i` is a
 /// multiple of ten (and the tuple is put in OpenFGA), and deletes it otherwise (a revoke whose
 /// grant was pruned long ago). So the outbox speaks of as many tuples as it has rows, and OpenFGA
-/// holds a tenth of them: the stand-in's Read scans and sorts the whole store for every page,
-/// which a test can afford for 10,000 tuples, not for 100,000.
+/// holds a tenth of them: reconcile pages through the store with OpenFGA's Read, 100 tuples a
+/// request, which a test can afford for 10,000 tuples, not for 100,000.
 async fn delivered_rows(env: &Env, from: i64, through: i64) {
     env.db
         .connect()

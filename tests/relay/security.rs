@@ -1,5 +1,5 @@
 //! Operating it safely, each part done for real: PostgreSQL over TLS (a cluster with `ssl=on` and
-//! a CA made here), OpenFGA over https (a TLS front before the stand-in), OIDC client
+//! a CA made here), OpenFGA over https (a TLS front before OpenFGA's proxy), OIDC client
 //! credentials (a token issuer of the test's own), store names, and the least-privilege roles of
 //! `sql/roles.sql` (the relay and a writer logged in as those roles).
 
@@ -361,7 +361,7 @@ async fn postgres_refuses_sslmode_disable() {
 // OpenFGA over https
 // ------------------------------------------------------------------------------------------------
 
-/// A stand-in behind an https front whose certificate comes from a CA of the test's own.
+/// OpenFGA behind an https front whose certificate comes from a CA of the test's own.
 struct HttpsFga {
     env: Env,
     front: HttpsFront,
@@ -454,7 +454,7 @@ struct IssuerState {
     /// Tokens handed out and still valid, with when they expire.
     valid: HashMap<String, Instant>,
     issued: usize,
-    /// Requests the OpenFGA stand-in refused (expired or revoked token).
+    /// Requests the proxy refused (expired or revoked token).
     refused: usize,
     /// The `scope` of each token request, as received.
     scopes: Vec<Option<String>>,
@@ -509,7 +509,7 @@ impl TokenIssuer {
         self.state().valid.clear();
     }
 
-    /// The stand-in, accepting exactly the tokens this issuer says are valid now.
+    /// OpenFGA's proxy, accepting exactly the tokens this issuer says are valid now.
     fn fga(&self) -> Fga {
         let state = self.state.clone();
         Fga::builder()

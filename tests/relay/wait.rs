@@ -20,7 +20,7 @@ fn a_tuple(n: usize) -> serde_json::Value {
     )])
 }
 
-/// The Writes take a while (the stand-in answers after 300 ms), so the rows are in flight when
+/// The Writes take a while (the proxy holds each for 300 ms), so the rows are in flight when
 /// the wait starts: it returns `delivered` only once OpenFGA has them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returns_delivered_once_the_rows_are_in_openfga() {
@@ -54,7 +54,7 @@ async fn reports_a_dead_row_with_its_last_error() {
     let env = Env::start().await;
     let _relay = env.start_relay().await;
     let client = env.db.connect().await;
-    // organization is not an allowed type for document#viewer in the stand-in's model.
+    // organization is not an allowed type for document#viewer in the tests' model.
     let bad = insert_with(
         &client,
         writes(&[tk("organization:acme", "viewer", "document:1")]),

@@ -49,7 +49,7 @@ pub enum Fault {
     /// or when the `Fga` is dropped.
     Hang,
     /// Close the TCP connection without any HTTP response; nothing applied.
-    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
+    #[allow(dead_code)] // no test drops a single connection today (`set_refusing` drops them all)
     CloseConnection,
     /// Answer with an arbitrary body, as a proxy in front of OpenFGA might; nothing applied.
     Garbage {
@@ -61,7 +61,6 @@ pub enum Fault {
     /// OpenFGA's answer: a server whose deadline or connection failed after it committed.
     Applied(Box<Fault>),
     /// A redirect from something in front of OpenFGA (`Location: location`); nothing applied.
-    #[allow(dead_code)] // the relay's tests use it; the stand-in's own tests do not
     Redirect { status: u16, location: String },
 }
 
@@ -126,17 +125,6 @@ impl Fault {
     /// What OpenFGA answers for any hidden internal error.
     pub fn internal() -> Fault {
         Fault::status(500, "internal_error", "Internal Server Error")
-    }
-
-    /// gRPC `Unavailable` as the gateway reports it when OpenFGA's gRPC side is down: code 4010
-    /// maps to HTTP 500. The message is grpc-go's dial error.
-    #[allow(dead_code)] // the stand-in's own tests use it; the relay's tests do not
-    pub fn unavailable() -> Fault {
-        Fault::status(
-            500,
-            "unavailable",
-            "connection error: desc = \"transport: Error while dialing: dial tcp 127.0.0.1:8081: connect: connection refused\"",
-        )
     }
 
     /// 429 with `Retry-After: <secs>`. OpenFGA itself never sends this (it has no

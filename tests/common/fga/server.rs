@@ -1,4 +1,4 @@
-//! Listening and connections: the stand-in serves HTTP/1.1 itself, so a test can drop one
+//! Listening and connections: the proxy serves HTTP/1.1 itself, so a test can drop one
 //! connection without an answer or stop listening on the port.
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
@@ -57,7 +57,7 @@ pub(super) fn rebind(addr: SocketAddr) -> StdTcpListener {
             Err(_) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(e) => panic!("fake-fga could not listen on {addr} again: {e}"),
+            Err(e) => panic!("the proxy could not listen on {addr} again: {e}"),
         }
     }
 }
