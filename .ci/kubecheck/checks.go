@@ -10,6 +10,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 )
 
 // The relay's secrets: never as plain environment variables, always as files (their _FILE).
@@ -69,7 +71,7 @@ func checkObjects(objects []object, settings, commands map[string]bool, p *probl
 			if !selectsAny(v.Spec.Selector, deployments) {
 				p.add(o.where, "the PodDisruptionBudget selects no Deployment's pods")
 			}
-		case *PodMonitor:
+		case *monitoringv1.PodMonitor:
 			checkPodMonitor(o.where, v, deployments, p)
 		}
 	}
@@ -147,11 +149,11 @@ func checkPod(pod podTemplate, settings, commands map[string]bool, p *problems) 
 				if e.Name == secret {
 					p.add(at, "%s is a secret: give it as a file (%s_FILE)", e.Name, secret)
 				}
-			}
-			if strings.HasSuffix(e.Name, "_FILE") {
-				dir := e.Value[:max(strings.LastIndex(e.Value, "/"), 0)]
-				if _, ok := mounts[dir]; !ok {
-					p.add(at, "%s=%s is not in a mounted Secret", e.Name, e.Value)
+				if e.Name == secret+"_FILE" {
+					dir := e.Value[:max(strings.LastIndex(e.Value, "/"), 0)]
+					if _, ok := mounts[dir]; !ok {
+						p.add(at, "%s=%s is not in a mounted Secret", e.Name, e.Value)
+					}
 				}
 			}
 		}
@@ -211,7 +213,7 @@ func checkDeployment(o object, configMaps map[string]*corev1.ConfigMap, p *probl
 }
 
 // checkPodMonitor: it scrapes the Deployment's pods, on a port they name, under job="fga-relay".
-func checkPodMonitor(where string, m *PodMonitor, deployments []object, p *problems) {
+func checkPodMonitor(where string, m *monitoringv1.PodMonitor, deployments []object, p *problems) {
 	if !selectsAny(&m.Spec.Selector, deployments) {
 		p.add(where, "the PodMonitor selects no Deployment's pods")
 		return

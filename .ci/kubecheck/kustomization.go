@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-
-	"sigs.k8s.io/yaml"
 )
 
 // Kustomization is the part of kustomize's Kustomization the directory uses; decoded strictly,
@@ -33,7 +31,7 @@ func checkKustomization(file, root string, manifests []string, p *problems) {
 		return
 	}
 	var k Kustomization
-	if err := yaml.UnmarshalStrict(data, &k); err != nil {
+	if err := strictInto(data, &k); err != nil {
 		p.add(where, "%v", err)
 		return
 	}

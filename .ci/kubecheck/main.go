@@ -1,8 +1,9 @@
 // Command kubecheck checks the Kubernetes manifests of deploy/kubernetes/ without a cluster.
 //
 // Every document of every manifest is decoded strictly into the Kubernetes API's own Go types
-// (k8s.io/api): an unknown or misspelled field, a field of the wrong case or type, a duplicated
-// key or a malformed quantity fails, as the API server's strict field validation would refuse it.
+// (k8s.io/api; the PodMonitor into the Prometheus Operator's): an unknown or misspelled field, a
+// field of the wrong case or type, a duplicated key or a malformed quantity fails, as the API
+// server's strict field validation would refuse it.
 // kustomization.yaml must list every manifest. Then what a schema cannot see: the hardening of
 // every pod, secrets given as files, the relay's settings and commands known to the binary, the
 // probes, the grace period, and the selectors of the PodDisruptionBudget and the PodMonitor.
@@ -23,6 +24,7 @@ import (
 	"sort"
 	"strings"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -44,7 +46,7 @@ var kinds = map[string]func() any{
 	"batch/v1/Job":                        func() any { return &batchv1.Job{} },
 	"batch/v1/CronJob":                    func() any { return &batchv1.CronJob{} },
 	"policy/v1/PodDisruptionBudget":       func() any { return &policyv1.PodDisruptionBudget{} },
-	"monitoring.coreos.com/v1/PodMonitor": func() any { return &PodMonitor{} },
+	"monitoring.coreos.com/v1/PodMonitor": func() any { return &monitoringv1.PodMonitor{} },
 }
 
 // object is one decoded document, and where it came from.
@@ -76,6 +78,7 @@ func main() {
 	}
 	var objects []object
 	var manifests []string
+	undecoded := false
 	for _, file := range files {
 		name := filepath.Base(file)
 		if name == "kustomization.yaml" {
@@ -85,6 +88,7 @@ func main() {
 		objs, err := decodeFile(file)
 		if err != nil {
 			p.add(relative(root, file), "%v", err)
+			undecoded = true
 		}
 		objects = append(objects, objs...)
 	}
@@ -101,7 +105,10 @@ func main() {
 	for i := range objects {
 		objects[i].where = relative(root, objects[i].where)
 	}
-	checkObjects(objects, settings, commands, &p)
+	// What the manifests say together is judged once every document decodes.
+	if !undecoded {
+		checkObjects(objects, settings, commands, &p)
+	}
 
 	if len(p) > 0 {
 		for _, line := range p {
@@ -144,15 +151,10 @@ func decodeFile(file string) ([]object, error) {
 	return objects, errors.Join(errs...)
 }
 
-// decodeStrict decodes one document into the type of its apiVersion and kind: duplicate keys,
-// unknown fields and fields of another case are errors, as in the API server's strict mode.
+// decodeStrict decodes one document into the type of its apiVersion and kind.
 func decodeStrict(doc []byte) (any, error) {
-	j, err := yaml.YAMLToJSONStrict(doc)
-	if err != nil {
-		return nil, err
-	}
 	var meta metav1.TypeMeta
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(j, &meta); err != nil {
+	if err := yaml.Unmarshal(doc, &meta); err != nil {
 		return nil, err
 	}
 	newValue, ok := kinds[meta.APIVersion+"/"+meta.Kind]
@@ -160,18 +162,32 @@ func decodeStrict(doc []byte) (any, error) {
 		return nil, fmt.Errorf("apiVersion %q kind %q is not one this check knows", meta.APIVersion, meta.Kind)
 	}
 	value := newValue()
-	strict, err := kjson.UnmarshalStrict(j, value)
-	if err != nil {
+	if err := strictInto(doc, value); err != nil {
 		return nil, fmt.Errorf("%s: %w", meta.Kind, err)
+	}
+	return value, nil
+}
+
+// strictInto decodes YAML into v as the API server's strict field validation does: a duplicated
+// key, a field v does not have, or one of another case (which encoding/json would take) is an
+// error, every one of them named.
+func strictInto(doc []byte, v any) error {
+	j, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return err
+	}
+	strict, err := kjson.UnmarshalStrict(j, v)
+	if err != nil {
+		return err
 	}
 	if len(strict) > 0 {
 		msgs := make([]string, len(strict))
 		for i, e := range strict {
 			msgs[i] = e.Error()
 		}
-		return nil, fmt.Errorf("%s: %s", meta.Kind, strings.Join(msgs, "; "))
+		return errors.New(strings.Join(msgs, "; "))
 	}
-	return value, nil
+	return nil
 }
 
 // stripComments drops the comment lines of a document, to tell an empty one.
