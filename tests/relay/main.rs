@@ -8,6 +8,7 @@ mod adopted;
 mod check;
 mod commands;
 mod delivery;
+mod deploy;
 mod failover;
 mod faults;
 mod leadership;
