@@ -186,7 +186,8 @@ const ULID_CHARS: usize = 26;
 fn is_openfga_id(s: &str) -> bool {
     s.len() == ULID_CHARS
         && s.bytes().all(|b| {
-            b.is_ascii_digit() || (b.is_ascii_uppercase() && !matches!(b, b'I' | b'L' | b'O' | b'U'))
+            b.is_ascii_digit()
+                || (b.is_ascii_uppercase() && !matches!(b, b'I' | b'L' | b'O' | b'U'))
         })
 }
 
@@ -509,8 +510,10 @@ mod tests {
     #[test]
     fn a_row_may_name_its_store_and_model() {
         let w = json!([{"user": "u:1", "relation": "r", "object": "o:1"}]);
-        let p = Payload::parse(&json!({"writes": w, "store_id": "01HVMMBCMGZNT3SED4Z17ECXCA",
-            "authorization_model_id": "01HVMMBD01JZ9QYSA2DMB7JRY5"}))
+        let p = Payload::parse(
+            &json!({"writes": w, "store_id": "01HVMMBCMGZNT3SED4Z17ECXCA",
+            "authorization_model_id": "01HVMMBD01JZ9QYSA2DMB7JRY5"}),
+        )
         .unwrap();
         assert_eq!(p.store.as_deref(), Some("01HVMMBCMGZNT3SED4Z17ECXCA"));
         assert_eq!(p.model.as_deref(), Some("01HVMMBD01JZ9QYSA2DMB7JRY5"));

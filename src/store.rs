@@ -268,13 +268,13 @@ impl Store {
             &stmt,
             &[&id, &objects, &relations, &users, &store, &configured],
         )
-            .await?
-            .iter()
-            .map(|r| {
-                let n: i32 = r.try_get(0)?;
-                Ok((usize::try_from(n - 1).unwrap_or(0), r.try_get(1)?))
-            })
-            .collect()
+        .await?
+        .iter()
+        .map(|r| {
+            let n: i32 = r.try_get(0)?;
+            Ok((usize::try_from(n - 1).unwrap_or(0), r.try_get(1)?))
+        })
+        .collect()
     }
 
     /// Records on a pending row what the relay skips of it, without counting an attempt.

@@ -126,7 +126,10 @@ mod tests {
         assert!(opts(&["--read-by", "object"]).is_err());
         assert!(opts(&["--all", "--read-by", "tuple"]).is_err());
         assert!(opts(&["--since", "soon"]).is_err());
-        assert_eq!(opts(&["--store", "none"]).unwrap().store.as_deref(), Some(""));
+        assert_eq!(
+            opts(&["--store", "none"]).unwrap().store.as_deref(),
+            Some("")
+        );
         assert!(opts(&["--store", "tenant-a"]).is_err());
     }
 }

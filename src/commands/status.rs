@@ -61,7 +61,10 @@ impl Status {
             if stores.iter().any(|c| c.store_id.is_some()) {
                 println!("by store ({} with rows not delivered):", stores.len());
                 for c in stores.iter().take(TEXT_STORES) {
-                    let id = c.store_id.as_deref().unwrap_or("(none named: configured store)");
+                    let id = c
+                        .store_id
+                        .as_deref()
+                        .unwrap_or("(none named: configured store)");
                     println!("  {id}  pending {}, dead {}", c.pending, c.dead);
                 }
                 if stores.len() > TEXT_STORES {

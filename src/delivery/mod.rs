@@ -28,9 +28,9 @@ mod read;
 mod stores;
 mod write;
 
-use stores::{Outcome, StoreHold};
 use order::Candidate;
 use read::Ahead;
+use stores::{Outcome, StoreHold};
 use write::{Answer, Crew, Flight, Gate, Spare, WriteTx};
 
 /// What the relay remembers about a row across passes, while the row is pending.

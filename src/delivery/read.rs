@@ -217,7 +217,10 @@ impl Deliverer {
         report: &mut PassReport,
     ) -> Result<usize, StoreError> {
         if ahead.done(store) || queue.len() >= AHEAD_PAGES * self.settings.batch_size.max(1) {
-            ahead.0.insert(store.clone(), (ahead.0.get(store).map_or(i64::MIN, |a| a.0), true));
+            ahead.0.insert(
+                store.clone(),
+                (ahead.0.get(store).map_or(i64::MIN, |a| a.0), true),
+            );
             return Ok(0);
         }
         let start = match ahead.0.get(store) {

@@ -126,16 +126,12 @@ impl Deliverer {
     ) -> Instant {
         if self.holds.len() >= HOLDS_MAX {
             let now = Instant::now();
-            self.holds
-                .retain(|_, h| h.until + COMPARE_WINDOW > now);
+            self.holds.retain(|_, h| h.until + COMPARE_WINDOW > now);
         }
-        let hold = self
-            .holds
-            .entry(target.store.clone())
-            .or_insert(StoreHold {
-                streak: 0,
-                until: Instant::now(),
-            });
+        let hold = self.holds.entry(target.store.clone()).or_insert(StoreHold {
+            streak: 0,
+            until: Instant::now(),
+        });
         hold.streak += 1;
         hold.until = Instant::now() + retry_after.unwrap_or_else(|| schedule.delay(hold.streak));
         hold.until

@@ -29,8 +29,7 @@ pub struct FgaClient {
     /// The deadline of one whole Write call: token, request and the retry after a 401.
     write_deadline: Duration,
     /// When each store was last found to exist (see `store::FgaClient::store_still_exists`).
-    pub(super) store_seen:
-        std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    pub(super) store_seen: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl FgaClient {

@@ -234,7 +234,11 @@ impl FgaClient {
             #[serde(default)]
             authorization_models: Vec<serde_json::Value>,
         }
-        match resp.bytes().await.map(|b| serde_json::from_slice::<Models>(&b)) {
+        match resp
+            .bytes()
+            .await
+            .map(|b| serde_json::from_slice::<Models>(&b))
+        {
             Ok(Ok(m)) => !m.authorization_models.is_empty(),
             _ => true,
         }

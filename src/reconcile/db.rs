@@ -496,14 +496,8 @@ pub(super) async fn record_drift_batch(
     let (objects, relations, users) = key_columns(drift.iter().map(|f| &f.key));
     let conditions: Vec<&Option<Value>> = drift.iter().map(|f| &f.condition).collect();
     let stores: Vec<&str> = drift.iter().map(|f| f.store.as_str()).collect();
-    let params: [&(dyn ToSql + Sync); 6] = [
-        &kinds,
-        &objects,
-        &relations,
-        &users,
-        &conditions,
-        &stores,
-    ];
+    let params: [&(dyn ToSql + Sync); 6] =
+        [&kinds, &objects, &relations, &users, &conditions, &stores];
     tx.execute(sql, &params)
         .await
         .map_err(|e| db_error("cannot record the drift", e))?;
