@@ -541,6 +541,16 @@ mod tests {
     }
 
     #[test]
+    fn a_store_filter_is_an_id_or_none() {
+        assert_eq!(store_filter("none").as_deref(), Ok(""));
+        assert_eq!(
+            store_filter(" 01HVMMBCMGZNT3SED4Z17ECXCA").as_deref(),
+            Ok("01HVMMBCMGZNT3SED4Z17ECXCA")
+        );
+        assert!(store_filter("tenant-a").is_err());
+    }
+
+    #[test]
     fn a_tuple_twice_in_one_row_is_rejected() {
         let t = json!({"user": "u:1", "relation": "r", "object": "o:1"});
         assert!(err(json!({"writes": [t.clone()], "deletes": [t]})).contains("more than once"));

@@ -84,3 +84,22 @@ impl FgaClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_naming_the_configured_store_goes_with_the_rows_naming_none() {
+        let (home, other): (Arc<str>, Arc<str>) = ("01HOME".into(), "01OTHER".into());
+        assert_eq!(Target::of(Some(&home), None, "01HOME"), Target::default());
+        assert_eq!(Target::of(None, None, "01HOME").store_key(), "");
+        let t = Target::of(Some(&other), Some(&home), "01HOME");
+        assert_eq!(
+            (t.store_key(), t.model.as_deref()),
+            ("01OTHER", Some("01HOME"))
+        );
+        assert_eq!(t.store_label(), "01OTHER");
+        assert_eq!(Target::default().store_label(), "configured");
+    }
+}

@@ -6,11 +6,12 @@
 
 use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::metrics::scrape;
-use crate::common::pg::PROMPTLY;
+use crate::common::pg::{PROMPTLY, count};
 use crate::common::relay::{
     Env, RelayProc, accepted_writes, assert_success, deletes, insert_with, poll_until, tk,
     wait_until, writes,
 };
+use crate::delivery::mixed_payload;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -132,36 +133,45 @@ async fn the_same_tuple_in_two_stores_is_two_tuples() {
     );
 }
 
-/// For each (store, tuple), the operations OpenFGA accepted, in the order it accepted them,
-/// never run ahead of the rows before them on it; and none is missing.
+/// Grants and revokes: `n` rows, row `j` on (store, tuple) `key(j)`, each a write when that
+/// tuple's operation before was a delete (or none). With each (store, tuple)'s last state.
+type Plan = Vec<(usize, usize, bool)>;
+fn alternating(
+    n: usize,
+    key: impl Fn(usize) -> (usize, usize),
+) -> (Plan, HashMap<(usize, usize), bool>) {
+    let mut last = HashMap::new();
+    let plan = (0..n)
+        .map(|j| {
+            let (s, k) = key(j);
+            let write = !last.get(&(s, k)).copied().unwrap_or(false);
+            last.insert((s, k), write);
+            (s, k, write)
+        })
+        .collect();
+    (plan, last)
+}
+
+/// Every row's operations went in Writes to its store and, a (store, tuple) taken as one tuple,
+/// OpenFGA applied each one's in id order, none missing.
 fn assert_applied_in_order_per_store(fga: &Fga, plan: &[(usize, usize, bool)], stores: &[String]) {
-    let mut index = Vec::with_capacity(plan.len());
-    let mut counts: HashMap<(usize, usize), usize> = HashMap::new();
-    for (s, k, _) in plan {
-        let c = counts.entry((*s, *k)).or_default();
-        index.push(*c);
-        *c += 1;
-    }
-    let mut highest: HashMap<(usize, usize), usize> = HashMap::new();
     for w in accepted_writes(fga) {
         for j in markers(&w.body) {
-            let (s, k, _) = plan[j];
-            assert_eq!(w.store, stores[s], "row {j} went to another store");
-            let i = index[j];
-            let h = highest.get(&(s, k)).copied();
-            let next = h.map_or(0, |h| h + 1);
-            assert!(
-                i <= next,
-                "store {s} tuple {k}: operation {i} (row {j}) applied before operation {next}"
-            );
-            highest.insert((s, k), h.map_or(i, |h| h.max(i)));
+            assert_eq!(w.store, stores[plan[j].0], "row {j} went to another store");
         }
     }
-    for (key, n) in counts {
+    let tuples = plan.iter().map(|p| p.1 + 1).max().unwrap_or(1);
+    let flat: Vec<(usize, bool)> = plan.iter().map(|(s, k, w)| (s * tuples + k, *w)).collect();
+    crate::faults::assert_applied_in_id_order(fga, &flat);
+}
+
+/// Each store holds the last operation's state of each of its tuples.
+fn assert_last_states(fga: &Fga, last: &HashMap<(usize, usize), bool>, stores: &[String]) {
+    for ((s, k), present) in last {
         assert_eq!(
-            highest.get(&key).map(|h| h + 1),
-            Some(n),
-            "{key:?}: operations missing"
+            fga.has_in(&stores[*s], &format!("user:t{k}"), "viewer", "document:mix"),
+            *present,
+            "store {s} tuple {k}: OpenFGA does not hold the last operation's state"
         );
     }
 }
@@ -173,28 +183,14 @@ fn assert_applied_in_order_per_store(fga: &Fga, plan: &[(usize, usize, bool)], s
 async fn order_holds_per_store_and_tuple_under_two_relays() {
     let env = Env::start().await;
     let stores = vec![env.fga.store_id().to_owned(), env.fga.add_store()];
-    let tuples = 4;
-    let mut last: HashMap<(usize, usize), bool> = HashMap::new();
-    let mut plan = Vec::new();
-    for j in 0..300 {
-        let (s, k) = ((j / 3) % 2, (j * 7 + j / 11) % tuples);
-        let write = !last.get(&(s, k)).copied().unwrap_or(false);
-        last.insert((s, k), write);
-        plan.push((s, k, write));
-    }
+    let (plan, last) = alternating(300, |j| ((j / 3) % 2, (j * 7 + j / 11) % 4));
     let client = env.db.connect().await;
     let mut a = env.spawn_relay(&[]);
     a.wait_for_log("delivering (leader)").await;
     let b = env.spawn_relay(&[]);
     b.wait_for_log("standing by").await;
     for (j, (s, k, write)) in plan.iter().enumerate() {
-        let t = tk(&format!("user:t{k}"), "viewer", "document:mix");
-        let marker = tk(&format!("user:m{j}"), "viewer", "document:marker");
-        let p = if *write {
-            writes(&[t, marker])
-        } else {
-            json!({"writes": [marker], "deletes": [t]})
-        };
+        let p = mixed_payload(j, *k, *write);
         // Store 0 is the configured one: its rows name no store, or name it.
         let p = match (*s, j % 2) {
             (0, 0) => p,
@@ -218,23 +214,11 @@ async fn order_holds_per_store_and_tuple_under_two_relays() {
         }
     }
     b.wait_for_log("delivering (leader)").await;
-    wait_until(
-        Duration::from_secs(60),
-        "every row is delivered",
-        || async { env.pending().await == 0 },
-    )
-    .await;
+    env.wait_drained_within(Duration::from_secs(60)).await;
     env.fga.clear_faults();
     assert_eq!(env.dead().await, 0, "relay log:\n{}", b.logs());
     assert_applied_in_order_per_store(&env.fga, &plan, &stores);
-    for ((s, k), present) in &last {
-        assert_eq!(
-            env.fga
-                .has_in(&stores[*s], &format!("user:t{k}"), "viewer", "document:mix"),
-            *present,
-            "store {s} tuple {k}: OpenFGA does not hold the last operation's state"
-        );
-    }
+    assert_last_states(&env.fga, &last, &stores);
 }
 
 /// Row `id`'s `last_error`, once it is dead (it must be, promptly).
@@ -539,14 +523,12 @@ async fn status_retry_and_prune_work_per_store() {
         .output()
         .unwrap();
     assert_success(&prune, "prune --store none");
-    let left: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM fga_outbox WHERE processed_at IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let left = count(
+        &admin,
+        "SELECT count(*) FROM fga_outbox WHERE processed_at IS NOT NULL",
+        &[],
+    )
+    .await;
     assert_eq!(
         left, 1,
         "prune --store none deleted store B's delivered row"
@@ -565,35 +547,16 @@ async fn status_retry_and_prune_work_per_store() {
 async fn a_backlog_spread_over_stores_is_read_ahead_in_order() {
     let env = Env::start().await;
     let stores: Vec<String> = (0..16).map(|_| env.fga.add_store()).collect();
-    let mut last: HashMap<(usize, usize), bool> = HashMap::new();
-    let mut plan = Vec::new();
-    for j in 0..320 {
-        let (s, k) = (j % 16, (j / 16) % 2);
-        let write = !last.get(&(s, k)).copied().unwrap_or(false);
-        last.insert((s, k), write);
-        plan.push((s, k, write));
-    }
+    let (plan, last) = alternating(320, |j| (j % 16, (j / 16) % 2));
     let client = env.db.connect().await;
     for (j, (s, k, write)) in plan.iter().enumerate() {
-        let t = tk(&format!("user:t{k}"), "viewer", "document:mix");
-        let marker = tk(&format!("user:m{j}"), "viewer", "document:marker");
-        let p = if *write {
-            writes(&[t, marker])
-        } else {
-            json!({"writes": [marker], "deletes": [t]})
-        };
-        insert_with(&client, in_store(p, &stores[*s])).await;
+        insert_with(&client, in_store(mixed_payload(j, *k, *write), &stores[*s])).await;
     }
     let relay = env.spawn_relay(&[
         ("FGA_RELAY_BATCH_SIZE", "16"),
         ("FGA_RELAY_MAX_TUPLES_PER_WRITE", "10"),
     ]);
-    wait_until(
-        Duration::from_secs(60),
-        "every row is delivered",
-        || async { env.pending().await == 0 },
-    )
-    .await;
+    env.wait_drained_within(Duration::from_secs(60)).await;
     assert_eq!(env.dead().await, 0, "relay log:\n{}", relay.logs());
     assert_applied_in_order_per_store(&env.fga, &plan, &stores);
     let widest = accepted_writes(&env.fga)
@@ -610,12 +573,5 @@ async fn a_backlog_spread_over_stores_is_read_ahead_in_order() {
         .map(|w| markers(&w.body).len())
         .sum();
     assert_eq!(sent, plan.len(), "a row was sent twice, or not at all");
-    for ((s, k), present) in &last {
-        assert_eq!(
-            env.fga
-                .has_in(&stores[*s], &format!("user:t{k}"), "viewer", "document:mix"),
-            *present,
-            "store {s} tuple {k}: OpenFGA does not hold the last operation's state"
-        );
-    }
+    assert_last_states(&env.fga, &last, &stores);
 }
