@@ -453,6 +453,7 @@ impl Deliverer {
     /// the relay (no more Writes this pass: [`Flow::Stop`]) or that store alone (its rows passed
     /// over until then, the other stores' going on). Returns until when the store is held, for
     /// [`Scope::Store`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn outage(
         &mut self,
         tx: &impl GenericClient,

@@ -48,6 +48,7 @@ impl Deliverer {
     /// many rows, or `None` when there are no more. With `lock` (the first page of a pass), it
     /// reads them locked, and returns the transaction that holds them if every row read went
     /// into the queue.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn read_page(
         &mut self,
         from: i64,
