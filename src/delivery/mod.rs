@@ -15,7 +15,6 @@ use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
-use deadpool_postgres::GenericClient;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -31,7 +30,7 @@ mod write;
 use order::Candidate;
 use read::Ahead;
 use stores::{Outcome, StoreHold};
-use write::{Answer, Crew, Flight, Gate, Spare, WriteTx};
+use write::{Answer, Crew, Flight, Gate, Spare};
 
 /// What the relay remembers about a row across passes, while the row is pending.
 #[derive(Debug, Default)]

@@ -182,8 +182,8 @@ impl Deliverer {
                 if std::mem::take(open) {
                     conn.batch_execute("ROLLBACK").await?;
                 }
-                let configured = self.client.configured_store_id();
-                self.skip_superseded(conn, row.id, &payload.ops, &target, configured)
+                let configured = self.client.configured_store_id().map(str::to_owned);
+                self.skip_superseded(conn, row.id, &payload.ops, &target, configured.as_deref())
                     .await?;
             }
             ids.push(row.id);

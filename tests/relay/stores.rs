@@ -254,7 +254,7 @@ async fn a_row_naming_an_unknown_store_or_model_is_dead_lettered_and_the_others_
     let malformed = env
         .insert(in_store(writes(std::slice::from_ref(&t)), "store-b"))
         .await;
-    let fine = env.insert(writes(&[t.clone()])).await;
+    let fine = env.insert(writes(std::slice::from_ref(&t))).await;
     let fine_b = env.insert(in_store(writes(&[t]), &b)).await;
     env.wait_delivered(fine).await;
     env.wait_delivered(fine_b).await;
