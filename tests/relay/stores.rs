@@ -547,7 +547,7 @@ async fn status_retry_and_prune_work_per_store() {
 async fn a_backlog_spread_over_stores_is_read_ahead_in_order() {
     let env = Env::start().await;
     let stores: Vec<String> = (0..16).map(|_| env.fga.add_store()).collect();
-    let (plan, last) = alternating(320, |j| (j % 16, (j / 16) % 2));
+    let (plan, last) = alternating(320, |j| (j % 16, (j / 16) % 8));
     let client = env.db.connect().await;
     for (j, (s, k, write)) in plan.iter().enumerate() {
         insert_with(&client, in_store(mixed_payload(j, *k, *write), &stores[*s])).await;
