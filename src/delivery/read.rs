@@ -3,7 +3,8 @@
 //! or two of each store in a page), that store's next pending rows, read ahead in id order
 //! (`sql/queries/claim_store.sql`). A store's rows read ahead are the next of that store: every
 //! earlier one is in the queue already, or done with in this pass; so order per (store, tuple)
-//! holds as with pages. The pages after pass over what was read ahead.
+//! holds as with pages. The pages after pass over what was read ahead (read again, a row still
+//! in flight would be planned once more, found done by its Write's lock and held for the pass).
 
 use super::order::{Candidate, key_hash};
 use super::write::{Spare, WriteTx};
