@@ -1,4 +1,6 @@
-//! The outbox payload: `{"writes": [TupleKey...], "deletes": [TupleKey...]}`.
+//! The outbox payload: `{"writes": [TupleKey...], "deletes": [TupleKey...]}`, and optionally
+//! the OpenFGA store and model it is for (`"store_id"`, `"authorization_model_id"`, the names
+//! OpenFGA's API uses).
 //!
 //! A payload that OpenFGA could never accept is rejected here, with a reason that names the
 //! offending field, so that its row is dead-lettered at once instead of being sent again and
@@ -97,10 +99,15 @@ impl Op {
     }
 }
 
-/// A valid payload: its operations, writes first, each tuple at most once.
+/// A valid payload: its operations, writes first, each tuple at most once, and where they go.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Payload {
     pub ops: Arc<[Op]>,
+    /// The store the row names (`store_id`); `None`: the relay's configured store.
+    pub store: Option<Arc<str>>,
+    /// The model the row names (`authorization_model_id`); `None`: the store's default (for
+    /// the configured store, the configured model; for another, its latest).
+    pub model: Option<Arc<str>>,
 }
 
 /// Why a payload can never be delivered.
@@ -171,6 +178,54 @@ const MAX_RELATION_CHARS: usize = 50;
 const MIN_OBJECT_CHARS: usize = 2;
 const MAX_OBJECT_CHARS: usize = 256;
 
+/// Length of an OpenFGA id (a ULID).
+const ULID_CHARS: usize = 26;
+
+/// OpenFGA's rule for `store_id` and `authorization_model_id` in a Write:
+/// `^[ABCDEFGHJKMNPQRSTVWXYZ0-9]{26}$` (a ULID in Crockford's base32, upper case).
+fn is_openfga_id(s: &str) -> bool {
+    s.len() == ULID_CHARS
+        && s.bytes().all(|b| {
+            b.is_ascii_digit()
+                || (b.is_ascii_uppercase() && !matches!(b, b'I' | b'L' | b'O' | b'U'))
+        })
+}
+
+/// The id at top-level key `field`: absent or null for none. An empty model id is OpenFGA's
+/// "the latest" too; an empty store id names no store, and OpenFGA refuses it.
+fn parse_id(
+    field: &str,
+    raw: Option<&&RawValue>,
+    empty_is_none: bool,
+) -> Result<Option<Arc<str>>, PayloadError> {
+    match node(field, raw)? {
+        None => Ok(None),
+        Some(Node::String(s)) if s.is_empty() && empty_is_none => Ok(None),
+        Some(Node::String(s)) if is_openfga_id(&s) => Ok(Some(s.into())),
+        Some(Node::String(s)) => Err(bad(format!(
+            "\"{field}\" {s:?} is not an OpenFGA id ({ULID_CHARS} characters of 0-9 and A-Z \
+             without I, L, O, U, as OpenFGA gives them)"
+        ))),
+        Some(other) => Err(bad(format!(
+            "\"{field}\" must be a string, found {}",
+            other.type_name()
+        ))),
+    }
+}
+
+/// The value of a command's `--store` (`retry`, `prune`): the store id rows name, or `none` for
+/// the rows that name no store (they go to the relay's configured store); as the SQL compares
+/// it, `""` for `none`.
+pub fn store_filter(value: &str) -> Result<String, String> {
+    match value.trim() {
+        "none" => Ok(String::new()),
+        id if is_openfga_id(id) => Ok(id.to_owned()),
+        other => Err(format!(
+            "{other:?} is neither an OpenFGA store id nor \"none\" (the rows naming no store)"
+        )),
+    }
+}
+
 /// `\s` as OpenFGA's validation rules mean it: Go's RE2 class `[\t\n\f\r ]`, ASCII only (no
 /// vertical tab, no no-break space, no U+3000: OpenFGA accepts those in a tuple).
 fn is_re2_space(c: char) -> bool {
@@ -229,7 +284,17 @@ impl Payload {
                 )));
             }
         }
-        Ok(Payload { ops: ops.into() })
+        let store = parse_id("store_id", obj.get("store_id"), false)?;
+        let model = parse_id(
+            "authorization_model_id",
+            obj.get("authorization_model_id"),
+            true,
+        )?;
+        Ok(Payload {
+            ops: ops.into(),
+            store,
+            model,
+        })
     }
 }
 
@@ -440,6 +505,49 @@ mod tests {
             err(json!({"writes": [{"user": long, "relation": "r", "object": "o:1"}]}))
                 .contains("longer than 512 bytes")
         );
+    }
+
+    #[test]
+    fn a_row_may_name_its_store_and_model() {
+        let w = json!([{"user": "u:1", "relation": "r", "object": "o:1"}]);
+        let p = Payload::parse(
+            &json!({"writes": w, "store_id": "01HVMMBCMGZNT3SED4Z17ECXCA",
+            "authorization_model_id": "01HVMMBD01JZ9QYSA2DMB7JRY5"}),
+        )
+        .unwrap();
+        assert_eq!(p.store.as_deref(), Some("01HVMMBCMGZNT3SED4Z17ECXCA"));
+        assert_eq!(p.model.as_deref(), Some("01HVMMBD01JZ9QYSA2DMB7JRY5"));
+        let p = Payload::parse(&json!({"writes": w, "store_id": null,
+            "authorization_model_id": ""}))
+        .unwrap();
+        assert_eq!((p.store, p.model), (None, None));
+        assert!(
+            err(json!({"writes": w, "store_id": "01hvmmbcmgznt3sed4z17ecxca"}))
+                .contains("\"store_id\" \"01hvmmbcmgznt3sed4z17ecxca\" is not an OpenFGA id")
+        );
+        assert!(err(json!({"writes": w, "store_id": ""})).contains("is not an OpenFGA id"));
+        assert!(
+            err(json!({"writes": w, "store_id": "01HVMMBCMGZNT3SED4Z17ECXCU"}))
+                .contains("is not an OpenFGA id")
+        );
+        assert!(
+            err(json!({"writes": w, "authorization_model_id": 7}))
+                .contains("\"authorization_model_id\" must be a string, found a number")
+        );
+        assert!(
+            err(json!({"writes": w, "store_id": "01HVMMBCMGZNT3SED4Z17ECXCAX"}))
+                .contains("is not an OpenFGA id")
+        );
+    }
+
+    #[test]
+    fn a_store_filter_is_an_id_or_none() {
+        assert_eq!(store_filter("none").as_deref(), Ok(""));
+        assert_eq!(
+            store_filter(" 01HVMMBCMGZNT3SED4Z17ECXCA").as_deref(),
+            Ok("01HVMMBCMGZNT3SED4Z17ECXCA")
+        );
+        assert!(store_filter("tenant-a").is_err());
     }
 
     #[test]

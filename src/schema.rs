@@ -38,6 +38,10 @@ pub const FILES: &[(&str, &str)] = &[
         "0008_retried.sql",
         include_str!("../sql/schema/0008_retried.sql"),
     ),
+    (
+        "0009_store_index.sql",
+        include_str!("../sql/schema/0009_store_index.sql"),
+    ),
 ];
 
 /// The schema's version: the number of its parts. `migrate` records it in
@@ -280,6 +284,7 @@ mod tests {
         assert!(sql.contains("pg_notify('acl_outbox', TG_RELID::text)"));
         assert!(sql.contains("acl_outbox_leader"));
         assert!(sql.contains("acl_outbox_claim_idx"));
+        assert!(sql.contains("acl_outbox_store_idx"));
         assert!(sql.contains("FUNCTION acl_outbox_wait(ids bigint[]"));
         assert!(sql.contains("FUNCTION acl_outbox_schema_version()"));
         assert!(sql.contains(&format!("AS 'SELECT {VERSION}'")));

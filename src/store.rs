@@ -36,6 +36,15 @@ pub struct StatusCounts {
     pub last_vacuum_age_seconds: Option<f64>,
 }
 
+/// One store's rows not yet delivered, as `status --json` lists them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StoreCounts {
+    /// The store the rows name; `None`: rows naming none (the relay's configured store).
+    pub store_id: Option<String>,
+    pub pending: i64,
+    pub dead: i64,
+}
+
 /// What the metrics endpoint measures at each scrape.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PendingCounts {
@@ -49,6 +58,7 @@ pub struct PendingCounts {
 struct Queries {
     claim: String,
     claim_locked: String,
+    claim_store: String,
     lock: String,
     mark_delivered: String,
     record_failure: String,
@@ -63,6 +73,7 @@ struct Queries {
     superseded: String,
     record_skipped: String,
     dead_rows: String,
+    status_stores: String,
 }
 
 /// The outbox, through the pool.
@@ -79,6 +90,7 @@ impl Store {
         let q = Queries {
             claim: r(include_str!("../sql/queries/claim.sql")),
             claim_locked: r(include_str!("../sql/queries/claim_locked.sql")),
+            claim_store: r(include_str!("../sql/queries/claim_store.sql")),
             lock: r(include_str!("../sql/queries/lock.sql")),
             mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
             record_failure: r(include_str!("../sql/queries/record_failure.sql")),
@@ -93,6 +105,7 @@ impl Store {
             superseded: r(include_str!("../sql/queries/superseded.sql")),
             record_skipped: r(include_str!("../sql/queries/record_skipped.sql")),
             dead_rows: r(include_str!("../sql/queries/dead_rows.sql")),
+            status_stores: r(include_str!("../sql/queries/status_stores.sql")),
         };
         Store {
             pool,
@@ -136,6 +149,19 @@ impl Store {
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim).await?;
         Self::claimed(tx.query(&stmt, &[&from, &limit]).await?)
+    }
+
+    /// Reads ahead the pending rows of `store` (a store rows name) from id `from` on (nothing
+    /// locked).
+    pub async fn claim_store(
+        &self,
+        tx: &impl GenericClient,
+        store: &str,
+        from: i64,
+        limit: i64,
+    ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.claim_store).await?;
+        Self::claimed(tx.query(&stmt, &[&store, &from, &limit]).await?)
     }
 
     /// Opens a transaction on `conn` and reads the page of pending rows from id `from` on in it,
@@ -223,25 +249,32 @@ impl Store {
     }
 
     /// The operations of row `id` (given by their tuple keys, in order) that a later delivered
-    /// row supersedes: each one's index and that row's id (superseded.sql).
+    /// row of the same store supersedes: each one's index and that row's id (superseded.sql).
+    /// `store`: the row's store (`""` for the configured one, whose id is `configured` when
+    /// known).
     pub async fn superseded(
         &self,
         tx: &impl GenericClient,
         id: i64,
         keys: &[&TupleKey],
+        store: &str,
+        configured: Option<&str>,
     ) -> Result<Vec<(usize, i64)>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.superseded).await?;
         let objects: Vec<&str> = keys.iter().map(|k| k.object.as_str()).collect();
         let relations: Vec<&str> = keys.iter().map(|k| k.relation.as_str()).collect();
         let users: Vec<&str> = keys.iter().map(|k| k.user.as_str()).collect();
-        tx.query(&stmt, &[&id, &objects, &relations, &users])
-            .await?
-            .iter()
-            .map(|r| {
-                let n: i32 = r.try_get(0)?;
-                Ok((usize::try_from(n - 1).unwrap_or(0), r.try_get(1)?))
-            })
-            .collect()
+        tx.query(
+            &stmt,
+            &[&id, &objects, &relations, &users, &store, &configured],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            let n: i32 = r.try_get(0)?;
+            Ok((usize::try_from(n - 1).unwrap_or(0), r.try_get(1)?))
+        })
+        .collect()
     }
 
     /// Records on a pending row what the relay skips of it, without counting an attempt.
@@ -255,13 +288,15 @@ impl Store {
         tx.execute(&stmt, &[&id, &what]).await
     }
 
-    /// Dead rows (all, or those of `ids`), in id order, with their payloads as text.
+    /// Dead rows (all, or those of `ids`; of every store, or of `store`: see
+    /// [`crate::payload::store_filter`]), in id order, with their payloads as text.
     pub async fn dead_rows(
         &self,
         ids: Option<&[i64]>,
+        store: Option<&str>,
     ) -> Result<Vec<(i64, Result<String, String>)>, StoreError> {
         let client = self.pool.get().await?;
-        let rows = client.query(&self.q.dead_rows, &[&ids]).await?;
+        let rows = client.query(&self.q.dead_rows, &[&ids, &store]).await?;
         Ok(rows
             .iter()
             .map(|r| {
@@ -299,16 +334,17 @@ impl Store {
         })
     }
 
-    /// Sends dead rows back to pending: all of them, or the given ids. Returns the ids sent back
-    /// with the error that had killed each.
+    /// Sends dead rows back to pending: all of them, or the given ids; of every store, or of
+    /// `store`. Returns the ids sent back with the error that had killed each.
     pub async fn retry(
         &self,
         ids: Option<&[i64]>,
+        store: Option<&str>,
     ) -> Result<Vec<(i64, Option<String>)>, StoreError> {
         let client = self.pool.get().await?;
         let rows = match ids {
-            None => client.query(&self.q.retry_dead, &[]).await?,
-            Some(ids) => client.query(&self.q.retry_ids, &[&ids]).await?,
+            None => client.query(&self.q.retry_dead, &[&store]).await?,
+            Some(ids) => client.query(&self.q.retry_ids, &[&ids, &store]).await?,
         };
         let mut out = rows
             .iter()
@@ -328,10 +364,34 @@ impl Store {
         Ok(out)
     }
 
-    /// Deletes one batch of delivered rows older than `cutoff`; returns how many.
-    pub async fn prune_batch(&self, cutoff: SystemTime, batch: i64) -> Result<u64, StoreError> {
+    /// Deletes one batch of delivered rows older than `cutoff` (of every store, or of `store`);
+    /// returns how many.
+    pub async fn prune_batch(
+        &self,
+        cutoff: SystemTime,
+        batch: i64,
+        store: Option<&str>,
+    ) -> Result<u64, StoreError> {
         let client = self.pool.get().await?;
-        Ok(client.execute(&self.q.prune, &[&cutoff, &batch]).await?)
+        Ok(client
+            .execute(&self.q.prune, &[&cutoff, &batch, &store])
+            .await?)
+    }
+
+    /// Pending and dead rows per store (status_stores.sql), the most pending first.
+    pub async fn status_stores(&self) -> Result<Vec<StoreCounts>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client.query(&self.q.status_stores, &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                Ok(StoreCounts {
+                    store_id: r.try_get(0)?,
+                    pending: r.try_get(1)?,
+                    dead: r.try_get(2)?,
+                })
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()?)
     }
 
     pub async fn max_pending_id(&self) -> Result<Option<i64>, StoreError> {

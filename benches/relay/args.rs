@@ -64,6 +64,12 @@ pub(crate) struct Args {
     /// Sessions waiting at once in the wait scenario [50; smoke 5].
     #[arg(long)]
     pub(crate) waiters: Option<usize>,
+    /// OpenFGA stores the stores scenario spreads its rows over [1000; smoke 20].
+    #[arg(long)]
+    pub(crate) stores: Option<usize>,
+    /// Rows (2 tuples each) of each burn-down of the stores scenario [100000; smoke 2000].
+    #[arg(long)]
+    pub(crate) stores_backlog: Option<usize>,
     /// Seconds the idle relay is watched [60; smoke 3].
     #[arg(long)]
     pub(crate) idle_seconds: Option<u64>,
@@ -104,6 +110,7 @@ pub(crate) enum Scenario {
     Idle,
     Baseline,
     Real,
+    Stores,
 }
 
 /// The sizes of one run, from the flags, `--smoke` and the defaults.
@@ -136,6 +143,9 @@ pub(crate) struct Sizes {
     pub(crate) idle_seconds: u64,
     /// Rows (2 tuples each) of the real-OpenFGA scenario's burn-downs.
     pub(crate) real_backlog: usize,
+    /// Stores the stores scenario spreads its rows over, and its rows.
+    pub(crate) stores: usize,
+    pub(crate) stores_backlog: usize,
 }
 
 impl Sizes {
@@ -190,6 +200,11 @@ impl Sizes {
             wait_timeout_seconds: if s { 1 } else { 5 },
             idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
             real_backlog: if s { 500 } else { 20_000 },
+            stores: a.stores.unwrap_or(if s { 20 } else { 1_000 }).max(1),
+            stores_backlog: a
+                .stores_backlog
+                .unwrap_or(if s { 2_000 } else { 100_000 })
+                .max(1),
         }
     }
 }

@@ -88,6 +88,23 @@ pub(crate) enum RowState {
 /// `INSERT ... SELECT generate_series`: `n` rows of 2 tuples each (the README's example shape),
 /// unique per row through `tag`, in `state`.
 pub(crate) fn rows_sql(tag: &str, n: usize, state: RowState) -> String {
+    rows_sql_in(tag, n, state, &[])
+}
+
+/// [`rows_sql`], the rows naming `stores` in turn (row `g` names `stores[g % len]`; none named
+/// when empty).
+pub(crate) fn rows_sql_in(tag: &str, n: usize, state: RowState, stores: &[String]) -> String {
+    let store = if stores.is_empty() {
+        String::new()
+    } else {
+        // Store ids are OpenFGA's (letters and digits): no quoting to escape.
+        let list: Vec<String> = stores.iter().map(|s| format!("'{s}'")).collect();
+        format!(
+            ", 'store_id', (ARRAY[{}])[1 + (g % {})]",
+            list.join(","),
+            stores.len()
+        )
+    };
     let (cols, vals) = match state {
         RowState::Pending => ("", ""),
         RowState::Delivered => (", created_at, processed_at", ", now(), now()"),
@@ -102,7 +119,7 @@ pub(crate) fn rows_sql(tag: &str, n: usize, state: RowState) -> String {
            jsonb_build_object('user', 'capture_job:{tag}' || g, 'relation', 'parent', \
                               'object', 'archive:{tag}' || g), \
            jsonb_build_object('user', 'organization:acme', 'relation', 'parent', \
-                              'object', 'capture_job:{tag}' || g))){vals} \
+                              'object', 'capture_job:{tag}' || g)){store}){vals} \
          FROM generate_series(1, {n}) g"
     )
 }
@@ -170,13 +187,33 @@ impl Bench {
         fga: &Fga,
         extra: &[(&str, &str)],
     ) -> Result<BurnDown> {
+        self.burn_in(n, tag, fga, extra, &[]).await
+    }
+
+    /// As [`Bench::burn_with`], the rows naming `stores` in turn (none named when empty).
+    pub(crate) async fn burn_in(
+        &self,
+        n: usize,
+        tag: &str,
+        fga: &Fga,
+        extra: &[(&str, &str)],
+        stores: &[String],
+    ) -> Result<BurnDown> {
         let relay = self.start_relay(fga, extra).await?;
         relay.signal(libc::SIGSTOP);
-        // The store may hold other scenarios' tuples.
-        let stored_before = fga.tuples().len();
+        // The stores may hold other scenarios' tuples.
+        let held = || -> usize {
+            if stores.is_empty() {
+                fga.tuples().len()
+            } else {
+                stores.iter().map(|s| fga.tuples_in(s).len()).sum()
+            }
+        };
+        let stored_before = held();
+        let writes_before = fga.write_count();
         let t = Instant::now();
         self.admin
-            .batch_execute(&rows_sql(tag, n, RowState::Pending))
+            .batch_execute(&rows_sql_in(tag, n, RowState::Pending, stores))
             .await?;
         let insert_secs = t.elapsed().as_secs_f64();
         self.admin
@@ -215,13 +252,14 @@ impl Bench {
         }
         let statements = self.relay_statements().await?;
         let records = fga.writes();
+        let records = records.get(writes_before..).unwrap_or_default();
         let last_write = records
             .iter()
             .map(|w| w.received_at)
             .max()
             .filter(|&at| at > t0)
             .map(|at| (at - t0).as_secs_f64());
-        let stored = fga.tuples().len();
+        let stored = held();
         self.stop_relay(relay, "burn-down", &[]).await;
         if stored != stored_before + 2 * n {
             bail!(

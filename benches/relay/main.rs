@@ -17,7 +17,7 @@
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
 //! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `wait`,
-//! `idle`, `baseline`, `real`); `cpu.rs`
+//! `idle`, `baseline`, `real`, `stores`); `cpu.rs`
 //! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
 //! prints the table.
 
@@ -47,6 +47,7 @@ mod pgbench;
 mod real;
 mod speed;
 mod stats;
+mod stores;
 mod summary;
 mod wait;
 mod writers;
@@ -83,6 +84,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Idle,
         Scenario::Baseline,
         Scenario::Real,
+        Scenario::Stores,
     ];
     let chosen: Vec<Scenario> = if args.only.is_empty() {
         all.to_vec()
@@ -108,6 +110,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Idle => results.idle = Some(bench.idle(&sizes).await?),
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),
             Scenario::Real => results.real = Some(bench.real(&sizes).await?),
+            Scenario::Stores => results.stores = Some(bench.stores(&sizes).await?),
         }
         println!("({scenario:?}: {:.1} s)", t.elapsed().as_secs_f64());
     }

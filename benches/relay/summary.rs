@@ -12,6 +12,7 @@ use crate::linger::LingerRow;
 use crate::real::Real;
 use crate::speed::Speed;
 use crate::stats::ms;
+use crate::stores::{StoresResult, writes_per_row};
 use crate::wait::{ROUND_TRIP, SHIPPED, WaitResult};
 use crate::writers::{TriggerKind, WriterRun, round_ratio};
 
@@ -28,6 +29,7 @@ pub(crate) struct Results {
     pub(crate) idle: Option<IdleResult>,
     pub(crate) baseline: Option<BaselineResult>,
     pub(crate) real: Option<Real>,
+    pub(crate) stores: Option<StoresResult>,
 }
 
 pub(crate) fn verdict(ok: bool) -> &'static str {
@@ -334,6 +336,19 @@ impl Results {
             println!(
                 "| (load during the real-OpenFGA scenario) | {} | | |",
                 r.load
+            );
+        }
+        if let Some(r) = &self.stores {
+            println!(
+                "| burn-down spread over {} stores vs one store, {} rows × 2 tuples | {:.0} vs {:.0} tuples/s ({:.2}×); Writes per row {:.3} vs {:.3} | ≥ 0.9× | {} |",
+                r.stores,
+                r.one.rows,
+                r.spread.tuples_per_s(),
+                r.one.tuples_per_s(),
+                r.ratio(),
+                writes_per_row(&r.spread),
+                writes_per_row(&r.one),
+                self.verdict(sizes, r.ratio() >= 0.9)
             );
         }
     }

@@ -3,14 +3,18 @@
 -- Needs the TEMPORARY privilege on the database (PUBLIC has it by default).
 
 -- Every tuple operation of every row, as the relay reads a payload: writes and deletes, with the
--- row's state. Elements that are not tuple keys (a malformed, hence dead, row) are skipped. A
--- write's condition is normalised to {"name", "context"}, an absent context reading as {}, as
--- OpenFGA returns it.
+-- row's state and store. Elements that are not tuple keys (a malformed, hence dead, row) are
+-- skipped. A write's condition is normalised to {"name", "context"}, an absent context reading
+-- as {}, as OpenFGA returns it. The store is the one the row names, '' for the configured store
+-- (rows naming none, and rows naming it: the setting fga_relay.configured_store, which the
+-- check sets for its session).
 CREATE TEMPORARY VIEW reconcile_ops AS
 SELECT r.id,
        CASE WHEN r.processed_at IS NOT NULL THEN 'delivered'
             WHEN r.failed_at IS NOT NULL THEN 'dead'
             ELSE 'pending' END AS state,
+       coalesce(nullif(r.payload->>'store_id',
+                       current_setting('fga_relay.configured_store', true)), '') AS store,
        op.value->>'object' AS object,
        op.value->>'relation' AS relation,
        op.value->>'user' AS "user",
@@ -35,8 +39,9 @@ WHERE jsonb_typeof(op.value->'object') = 'string'
   AND jsonb_typeof(op.value->'relation') = 'string'
   AND jsonb_typeof(op.value->'user') = 'string';
 
--- Per tuple, its last operation in id order: what OpenFGA must hold.
+-- Per tuple of each store, its last operation in id order: what OpenFGA must hold.
 CREATE TEMPORARY TABLE reconcile_expected (
+    store     text    NOT NULL,
     object    text    NOT NULL,
     relation  text    NOT NULL,
     "user"    text    NOT NULL,
@@ -48,24 +53,27 @@ CREATE TEMPORARY TABLE reconcile_expected (
 
 -- What OpenFGA holds, of the tuples above (and, for --all, of the others: known = false).
 CREATE TEMPORARY TABLE reconcile_actual (
+    store     text    NOT NULL,
     object    text    NOT NULL,
     relation  text    NOT NULL,
     "user"    text    NOT NULL,
     condition jsonb,
     known     boolean NOT NULL,
-    PRIMARY KEY (object, relation, "user")
+    PRIMARY KEY (store, object, relation, "user")
 );
 
 -- Tuples that rows newer than the check's start touch: their state moved on while checking.
 CREATE TEMPORARY TABLE reconcile_moved (
+    store    text NOT NULL,
     object   text NOT NULL,
     relation text NOT NULL,
     "user"   text NOT NULL,
-    PRIMARY KEY (object, relation, "user")
+    PRIMARY KEY (store, object, relation, "user")
 );
 
 -- The drift --repair corrects: kind missing, unexpected or condition; the condition to write.
 CREATE TEMPORARY TABLE reconcile_drift (
+    store     text NOT NULL,
     kind      text NOT NULL,
     object    text NOT NULL,
     relation  text NOT NULL,

@@ -3,6 +3,7 @@
 use super::failure::Failure;
 use super::open::open_store;
 use crate::config::{self, ConfigError};
+use crate::payload::store_filter;
 use crate::settings::DbArgs;
 use clap::Args;
 use std::process::ExitCode;
@@ -18,19 +19,34 @@ pub struct Prune {
     /// E.g. 30d, 12h.
     #[arg(long)]
     older_than: String,
+    /// Only rows of this store: the store id the rows name, or `none` for the rows that name
+    /// no store (they go to the relay's configured store).
+    #[arg(long)]
+    store: Option<String>,
 }
 
 impl Prune {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
-        let Prune { db, older_than } = self;
+        let Prune {
+            db,
+            older_than,
+            store: only,
+        } = self;
         let age = config::parse_duration("--older-than", &older_than)?;
+        let only = only
+            .as_deref()
+            .map(store_filter)
+            .transpose()
+            .map_err(|e| ConfigError::new("--store", e))?;
         let cutoff = std::time::SystemTime::now()
             .checked_sub(age)
             .ok_or_else(|| ConfigError::new("--older-than", "is too long"))?;
         let store = open_store(&db.settings()?, "fga-relay prune").await?;
         let mut total = 0u64;
         loop {
-            let n = store.prune_batch(cutoff, PRUNE_BATCH).await?;
+            let n = store
+                .prune_batch(cutoff, PRUNE_BATCH, only.as_deref())
+                .await?;
             total += n;
             if n < PRUNE_BATCH as u64 {
                 break;

@@ -3,6 +3,7 @@
 
 use super::failure::Failure;
 use crate::config::{self, ConfigError};
+use crate::payload::store_filter;
 use crate::reconcile::{self, Options, ReadBy, Verdict};
 use crate::settings::{DbArgs, FgaArgs};
 use clap::Args;
@@ -26,6 +27,11 @@ pub struct Reconcile {
     /// Also list the tuples OpenFGA holds that the outbox does not mention (not drift).
     #[arg(long, conflicts_with = "since")]
     all: bool,
+    /// Only this store: the id rows name (the configured store's id also takes the rows
+    /// naming none), or `none` for the rows naming none. Default: every store, each against
+    /// its own Read.
+    #[arg(long)]
+    store: Option<String>,
     /// How to read OpenFGA: store (every tuple, 100 a page), tuple (one Read per compared
     /// tuple), or auto (tuple with --since, store otherwise) [possible values: auto, store,
     /// tuple].
@@ -56,12 +62,19 @@ impl Reconcile {
                 "lists what the whole store holds: it needs --read-by store",
             ));
         }
+        let store = self
+            .store
+            .as_deref()
+            .map(store_filter)
+            .transpose()
+            .map_err(|e| ConfigError::new("--store", e))?;
         Ok(Options {
             json: self.json,
             repair: self.repair,
             since,
             all: self.all,
             read_by,
+            store,
         })
     }
 
@@ -113,5 +126,10 @@ mod tests {
         assert!(opts(&["--read-by", "object"]).is_err());
         assert!(opts(&["--all", "--read-by", "tuple"]).is_err());
         assert!(opts(&["--since", "soon"]).is_err());
+        assert_eq!(
+            opts(&["--store", "none"]).unwrap().store.as_deref(),
+            Some("")
+        );
+        assert!(opts(&["--store", "tenant-a"]).is_err());
     }
 }

@@ -11,7 +11,8 @@
 
 use super::failure::Failure;
 use super::open::open_store;
-use crate::payload::{Op, Payload, TupleKey};
+use crate::config::ConfigError;
+use crate::payload::{Op, Payload, TupleKey, store_filter};
 use crate::settings::DbArgs;
 use crate::store::Store;
 use clap::Args;
@@ -29,6 +30,10 @@ pub struct Retry {
     /// it would skip (a later delivered row touches their tuple).
     #[arg(long)]
     dry_run: bool,
+    /// Only rows of this store: the store id the rows name, or `none` for the rows that name
+    /// no store (they go to the relay's configured store).
+    #[arg(long)]
+    store: Option<String>,
     /// These rows (ids).
     #[arg(required_unless_present = "dead")]
     ids: Vec<i64>,
@@ -40,12 +45,18 @@ impl Retry {
             db,
             dead,
             dry_run,
+            store: only,
             ids,
         } = self;
+        let only = only
+            .as_deref()
+            .map(store_filter)
+            .transpose()
+            .map_err(|e| ConfigError::new("--store", e))?;
         let store = open_store(&db.settings()?, "fga-relay retry").await?;
         let which = (!dead).then_some(ids.as_slice());
         if dry_run {
-            let rows = store.dead_rows(which).await?;
+            let rows = store.dead_rows(which, only.as_deref()).await?;
             for (id, text) in &rows {
                 for line in preview(&store, *id, text).await? {
                     println!("{line}");
@@ -53,7 +64,7 @@ impl Retry {
             }
             if !dead {
                 for id in ids.iter().filter(|id| !rows.iter().any(|(r, _)| r == *id)) {
-                    println!("row {id}: not a dead row, left as it is");
+                    println!("row {id}: not a dead row (of that store), left as it is");
                 }
             }
             println!(
@@ -62,7 +73,7 @@ impl Retry {
             );
             return Ok(ExitCode::SUCCESS);
         }
-        let sent = store.retry(which).await?;
+        let sent = store.retry(which, only.as_deref()).await?;
         for (id, last_error) in &sent {
             info!(
                 id,
@@ -73,7 +84,7 @@ impl Retry {
         }
         if !dead {
             for id in ids.iter().filter(|id| !sent.iter().any(|(s, _)| s == *id)) {
-                warn!(id, "not a dead row: left as it is");
+                warn!(id, "not a dead row (of that store): left as it is");
             }
         }
         println!("{} row(s) sent back to pending", sent.len());
@@ -91,8 +102,8 @@ async fn preview(
         Ok(t) => Payload::parse_text(t).map_err(|e| e.to_string()),
         Err(e) => Err(e.clone()),
     };
-    let ops = match payload {
-        Ok(p) => p.ops,
+    let (ops, row_store) = match payload {
+        Ok(p) => (p.ops, p.store),
         Err(e) => return Ok(vec![format!("row {id}: {e} (dead-lettered again)")]),
     };
     let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
@@ -101,8 +112,10 @@ async fn preview(
         .get()
         .await
         .map_err(crate::store::StoreError::from)?;
+    // The relay's configured store is not known here: a row naming it is taken as another
+    // store's, and one naming none as the configured store's.
     let skipped = store
-        .superseded(&conn, id, &keys)
+        .superseded(&conn, id, &keys, row_store.as_deref().unwrap_or(""), None)
         .await
         .map_err(crate::store::StoreError::from)?;
     Ok(ops

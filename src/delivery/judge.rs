@@ -14,6 +14,8 @@
 //! - Throttled (429): never the rows' fault. Nothing is halved and nothing is a strike; the
 //!   whole relay waits for `Retry-After` (or its own backoff) and sends the same rows again.
 //!   A `Retry-After` sent with any other failure is waited for too, on every path.
+//! - The store or model the rows name does not exist (a row's `store_id` or
+//!   `authorization_model_id`): every row of the Write is dead-lettered with OpenFGA's answer.
 //! - Permanent for one operation (`Invalid tuple …`, a condition conflict): that row is
 //!   dead-lettered with OpenFGA's message; the rest of the Write is sent again without it.
 //! - Already applied (an older OpenFGA's answer to a duplicate write or missing delete): that
@@ -33,7 +35,7 @@ use super::order::{Candidate, Plan};
 use super::write::{Answer, Flight};
 use super::{Deliverer, Flow, PassReport};
 use crate::backoff::Backoff;
-use crate::openfga::{FailureClass, WriteError};
+use crate::openfga::{FailureClass, Target, WriteError};
 use crate::store::StoreError;
 use deadpool_postgres::GenericClient;
 use std::collections::{BTreeMap, HashSet};
@@ -49,66 +51,17 @@ pub const OUTAGE_BACKOFF: Backoff =
 pub const CONFIG_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// Backoff of one row that keeps failing while others are delivered.
 pub const ROW_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-/// How far back the outcomes of other Writes are looked at to judge whether a row's failure is
-/// its own: long enough to hold many Writes of a busy relay, short enough to forget an outage
-/// that is over.
-const COMPARE_WINDOW: Duration = Duration::from_secs(60);
-/// At most this many outcomes are kept (a relay delivering thousands of Writes a minute needs
-/// no more to see whether most succeed).
-const COMPARE_MAX: usize = 1024;
-/// A row's failure is its own only if at least this many other Writes succeeded in the window,
-/// and at most one in [`COMPARE_SHARE`] of the others failed. Under a flaky server failing
-/// half the Writes or more, the odds that a window of other Writes looks that clean by chance
-/// are below one in a hundred for a handful of Writes and vanish for a busy relay; a row that
-/// alone keeps failing while the traffic beside it flows meets both at once.
-const COMPARE_MIN_OK: usize = 4;
-const COMPARE_SHARE: usize = 4;
 
-/// The outcome of one Write, kept for [`COMPARE_WINDOW`].
-pub(super) struct Outcome {
-    pub(super) at: Instant,
-    pub(super) failed: bool,
-    /// The row, for a Write that carried one row alone: its own failures are not "others'".
-    pub(super) alone: Option<i64>,
+/// Whom a failure is judged against (see `stores.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// Every Write fails alike: the relay backs off.
+    Relay,
+    /// The Writes of one store fail while others' succeed: that store is held.
+    Store,
 }
 
 impl Deliverer {
-    /// Records a Write's outcome for [`Deliverer::others_nearly_all_succeed`].
-    pub(super) fn note(&mut self, failed: bool, alone: Option<i64>) {
-        let now = Instant::now();
-        while self.recent.len() >= COMPARE_MAX
-            || self
-                .recent
-                .front()
-                .is_some_and(|o| now.duration_since(o.at) > COMPARE_WINDOW)
-        {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(Outcome {
-            at: now,
-            failed,
-            alone,
-        });
-    }
-
-    /// Whether the recent Writes that did not carry row `id` alone nearly all succeeded: then a
-    /// failure of that row is its own, not one that hits everyone.
-    pub(super) fn others_nearly_all_succeed(&self, id: i64) -> bool {
-        let now = Instant::now();
-        let (mut ok, mut failed) = (0usize, 0usize);
-        for o in &self.recent {
-            if o.alone == Some(id) || now.duration_since(o.at) > COMPARE_WINDOW {
-                continue;
-            }
-            if o.failed {
-                failed += 1;
-            } else {
-                ok += 1;
-            }
-        }
-        ok >= COMPARE_MIN_OK && failed * COMPARE_SHARE <= ok + failed
-    }
-
     /// A Write succeeded: grow the window by one Write per window's worth of successes.
     pub(super) fn widen(&mut self) {
         let max = self.settings.max_in_flight.max(1) as f64;
@@ -180,10 +133,12 @@ impl Deliverer {
                 Ok(Flow::Continue)
             }
             Answer::Sent(Err(e)) => {
+                // One store's failure leaves the window to the others.
                 if matches!(
                     e,
                     WriteError::Transient { .. } | WriteError::Throttled { .. }
-                ) {
+                ) && self.scope_of(&plan.target, &e) == Scope::Relay
+                {
                     self.narrow();
                 }
                 let conn = self.store.pool().get().await?;
@@ -203,7 +158,7 @@ impl Deliverer {
         self.epoch += 1;
         self.streak = 0;
         let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        self.note(false, alone);
+        self.note(false, alone, &plan.target);
         self.metrics.tuples_delivered.inc_by(n_ops as u64);
         let mut unfinished = Vec::new();
         for (c, idx) in plan.rows {
@@ -268,6 +223,16 @@ impl Deliverer {
                 Self::requeue(queue, rows);
                 Ok(Flow::Continue)
             }
+            WriteError::UnknownTarget { .. } => {
+                // Every row of a Write names its store and model: none of them can go.
+                self.metrics.failed("permanent");
+                report.failed_writes += 1;
+                let reason = e.to_string();
+                for c in plan.into_rows() {
+                    self.give_up(tx, &c, &reason, blocked, report).await?;
+                }
+                Ok(Flow::Continue)
+            }
             WriteError::TooManyTuples { limit, ref message } => {
                 let lower = limit.unwrap_or(self.max_tuples / 2).max(1);
                 if lower < self.max_tuples && self.max_tuples > 1 {
@@ -282,7 +247,7 @@ impl Deliverer {
                     Self::requeue(queue, plan.into_rows());
                     return Ok(Flow::Continue);
                 }
-                self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF)
+                self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF, Scope::Relay)
                     .await?;
                 Ok(Flow::Stop)
             }
@@ -308,7 +273,7 @@ impl Deliverer {
             WriteError::Throttled { .. } => {
                 // Not the rows' fault: the same Write, after the wait. Rows held back by the
                 // outage path are due again once the wait is over.
-                self.outage(tx, &plan, &e, blocked, report, OUTAGE_BACKOFF)
+                self.outage(tx, &plan, &e, blocked, report, OUTAGE_BACKOFF, Scope::Relay)
                     .await?;
                 Ok(Flow::Stop)
             }
@@ -377,7 +342,8 @@ impl Deliverer {
         schedule: Backoff,
     ) -> Result<Flow, StoreError> {
         let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        self.note(true, alone);
+        let scope = self.scope_of(&plan.target, e);
+        self.note(true, alone, &plan.target);
         if plan.rows.len() > 1 {
             let half = (plan.rows.len() / 2).max(1);
             for (c, _) in &plan.rows {
@@ -385,30 +351,42 @@ impl Deliverer {
                 m.max_rows = Some(half);
                 m.failed_epoch = Some(self.epoch);
             }
-            self.outage(tx, &plan, e, blocked, report, schedule).await?;
-            return Ok(Flow::Stop);
+            self.outage(tx, &plan, e, blocked, report, schedule, scope)
+                .await?;
+            return Ok(Self::after(scope));
         }
         let id = plan.rows[0].0.id;
         let epoch = self.epoch;
-        let others_succeed = self.others_nearly_all_succeed(id);
+        let others_succeed = self.others_nearly_all_succeed(id, &plan.target);
+        let streak = self.streak;
         let m = self.memo.entry(id).or_default();
-        // Other Writes succeeded since this row last failed, and nearly all Writes but this
-        // row's do: the row, not OpenFGA, is the problem. A failure others share is no strike.
+        // Other Writes to its store succeeded since this row last failed, and nearly all
+        // Writes to its store but this row's do: the row, not OpenFGA, is the problem. A
+        // failure others share is no strike.
         let strike = m.failed_epoch.is_some_and(|e| e != epoch) && others_succeed;
         m.failed_epoch = Some(epoch);
         m.max_rows = Some(1);
         if !strike {
-            // Held just past the relay's own wait, so that the next pass sends the other rows
-            // first: how they fare tells an outage from this row's own failure.
-            let wait = e
-                .retry_after()
-                .unwrap_or_else(|| schedule.ceiling(self.streak + 1));
+            // Held just past the wait of the relay (or of its store), so that the next pass
+            // sends the other rows first: how they fare tells an outage from this row's own
+            // failure.
+            let held = self
+                .outage(tx, &plan, e, blocked, report, schedule, scope)
+                .await?;
+            let wait = match held {
+                Some(until) => until.saturating_duration_since(Instant::now()),
+                None => e
+                    .retry_after()
+                    .unwrap_or_else(|| schedule.ceiling(streak + 1)),
+            };
             let at = Instant::now() + wait + schedule.base;
-            m.retry_at = Some(at);
+            if let Some(m) = self.memo.get_mut(&id) {
+                m.retry_at = Some(at);
+            }
             report.due(at);
-            self.outage(tx, &plan, e, blocked, report, schedule).await?;
-            return Ok(Flow::Stop);
+            return Ok(Self::after(scope));
         }
+        let m = self.memo.entry(id).or_default();
         m.strikes += 1;
         let strikes = m.strikes;
         let class = e.class();
@@ -440,6 +418,24 @@ impl Deliverer {
         Ok(Self::after_retry_after(e, report))
     }
 
+    /// Whether a failure `e` of a Write to `target` is its store's alone, or the relay's.
+    pub(super) fn scope_of(&self, target: &Target, e: &WriteError) -> Scope {
+        if !matches!(e, WriteError::Throttled { .. }) && self.store_failure_alone(target) {
+            Scope::Store
+        } else {
+            Scope::Relay
+        }
+    }
+
+    /// What the pass does after an outage of this scope: stops (the relay backs off) or goes
+    /// on with the other stores.
+    fn after(scope: Scope) -> Flow {
+        match scope {
+            Scope::Relay => Flow::Stop,
+            Scope::Store => Flow::Continue,
+        }
+    }
+
     /// After a failure that is one row's own: the server may still have asked everyone to wait
     /// (`Retry-After`), whoever is at fault; then no more Writes this pass.
     pub(super) fn after_retry_after(e: &WriteError, report: &mut PassReport) -> Flow {
@@ -452,8 +448,12 @@ impl Deliverer {
         }
     }
 
-    /// A failure of the whole relay (outage or configuration): record it on the rows, block
-    /// their tuples for this pass, and back off.
+    /// A failure of the whole relay (outage or configuration), or of one store (see
+    /// `stores.rs`): record it on the rows and block their tuples for this pass; then back off,
+    /// the relay (no more Writes this pass: [`Flow::Stop`]) or that store alone (its rows passed
+    /// over until then, the other stores' going on). Returns until when the store is held, for
+    /// [`Scope::Store`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn outage(
         &mut self,
         tx: &impl GenericClient,
@@ -462,28 +462,50 @@ impl Deliverer {
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
         schedule: Backoff,
-    ) -> Result<(), StoreError> {
+        scope: Scope,
+    ) -> Result<Option<Instant>, StoreError> {
         let ids = plan.ids();
         for (c, _) in &plan.rows {
             blocked.extend(c.hashes.iter().copied());
         }
-        self.streak += 1;
         let class = e.class();
         self.metrics.failed(class.as_str());
         report.failed_writes += 1;
-        let wait = e
-            .retry_after()
-            .unwrap_or_else(|| schedule.delay(self.streak));
-        report.wait = Some(report.wait.map_or(wait, |w| w.max(wait)));
-        if class == FailureClass::Configuration {
-            error!(class = class.as_str(), rows = ids.len(), error = %e, retry_in = ?wait,
-                "OpenFGA refused the relay's writes: check its settings");
-        } else {
-            warn!(class = class.as_str(), rows = ids.len(), error = %e, retry_in = ?wait,
-                "write failed");
-        }
+        let store = plan.target.store_label();
+        let held = match scope {
+            Scope::Relay => {
+                self.streak += 1;
+                let wait = e
+                    .retry_after()
+                    .unwrap_or_else(|| schedule.delay(self.streak));
+                report.wait = Some(report.wait.map_or(wait, |w| w.max(wait)));
+                if class == FailureClass::Configuration {
+                    error!(class = class.as_str(), rows = ids.len(), store, error = %e,
+                        retry_in = ?wait, "OpenFGA refused the relay's writes: check its settings");
+                } else {
+                    warn!(class = class.as_str(), rows = ids.len(), store, error = %e,
+                        retry_in = ?wait, "write failed");
+                }
+                None
+            }
+            Scope::Store => {
+                let until = self.hold_store(&plan.target, schedule, e.retry_after());
+                report.due(until);
+                let wait = until.saturating_duration_since(Instant::now());
+                if class == FailureClass::Configuration {
+                    error!(class = class.as_str(), rows = ids.len(), store, error = %e,
+                        retry_in = ?wait, "OpenFGA refused the writes of one store while \
+                        others' are delivered: holding that store's rows");
+                } else {
+                    warn!(class = class.as_str(), rows = ids.len(), store, error = %e,
+                        retry_in = ?wait, "writes of one store failed while others' are \
+                        delivered: holding that store's rows");
+                }
+                Some(until)
+            }
+        };
         self.store.record_failure(tx, &ids, &e.to_string()).await?;
-        Ok(())
+        Ok(held)
     }
 
     /// Gives up on a row of a Write that was answered: dead-letters it for what it said when

@@ -5,16 +5,16 @@
 //! remembers what it learnt about rows across passes. The rest, a concept a file:
 //!
 //! - [`order`]: the order rule, which rows a Write may carry;
+//! - [`read`]: reading rows into the pass, a page at a time, and a store's rows ahead;
 //! - [`write`]: one Write, its lock, send and mark;
-//! - [`judge`]: the judgement of an answer (strikes, halving, dead letters).
+//! - [`judge`]: the judgement of an answer (strikes, halving, dead letters);
+//! - [`stores`]: the judgement per store (a row's failure, its store's, or the relay's).
 
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
-use crate::payload::Payload;
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
-use deadpool_postgres::GenericClient;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -23,11 +23,14 @@ use tokio::task::JoinSet;
 
 mod judge;
 mod order;
+mod read;
+mod stores;
 mod write;
 
-use judge::Outcome;
-use order::{Candidate, key_hash};
-use write::{Answer, Crew, Flight, Gate, Spare, WriteTx};
+use order::Candidate;
+use read::Ahead;
+use stores::{Outcome, StoreHold};
+use write::{Answer, Crew, Flight, Gate, Spare};
 
 /// What the relay remembers about a row across passes, while the row is pending.
 #[derive(Debug, Default)]
@@ -104,6 +107,8 @@ pub struct Deliverer {
     streak: u32,
     /// The outcomes of recent Writes (429s left out: they say nothing about rows).
     recent: VecDeque<Outcome>,
+    /// The stores whose Writes fail while other stores' succeed (`None`: the configured one).
+    holds: HashMap<Option<Arc<str>>, StoreHold>,
     /// The Writes allowed in flight at once, as TCP's congestion window: halved on 429, 5xx
     /// and timeouts, grown by one per window of successes, up to `max_in_flight`.
     window: f64,
@@ -130,6 +135,7 @@ impl Deliverer {
             epoch: 0,
             streak: 0,
             recent: VecDeque::new(),
+            holds: HashMap::new(),
         }
     }
 
@@ -169,6 +175,7 @@ impl Deliverer {
         let mut launching = true;
         let mut failed: Option<StoreError> = None;
         let mut spare: Option<Spare> = None;
+        let mut ahead = Ahead::default();
         let gate = Gate::default();
         // Writes about to leave ask here whether they still may (see `Flight::send`).
         let (ask, mut asked) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
@@ -194,7 +201,15 @@ impl Deliverer {
                     batch
                 };
                 match self
-                    .read_page(from, limit, first, &mut queue, &mut blocked, &mut report)
+                    .read_page(
+                        from,
+                        limit,
+                        first,
+                        &ahead,
+                        &mut queue,
+                        &mut blocked,
+                        &mut report,
+                    )
                     .await
                 {
                     Ok((None, _)) => exhausted = true,
@@ -220,6 +235,34 @@ impl Deliverer {
                 ) else {
                     break;
                 };
+                // A Write to a store rows name that its rows in the queue fill less than half
+                // (rows spread over many stores): that store's next rows are read ahead, and it
+                // is planned again with them.
+                if let Some(store) = plan.target.store.clone()
+                    && plan.room
+                    && !exhausted
+                    && plan.n_ops() * 2 < self.max_tuples
+                    && !ahead.done(&store)
+                {
+                    Self::requeue(&mut queue, plan.into_rows());
+                    let read = self
+                        .read_ahead(
+                            &store,
+                            from,
+                            self.max_tuples,
+                            &mut ahead,
+                            &mut queue,
+                            &mut blocked,
+                            &mut report,
+                        )
+                        .await;
+                    if let Err(e) = read {
+                        failed.get_or_insert(e);
+                        launching = false;
+                        break;
+                    }
+                    continue;
+                }
                 if !keep_going() {
                     report.interrupted = true;
                     launching = false;
@@ -308,109 +351,6 @@ impl Deliverer {
             Some(e) => Err(e),
             None => Ok(report),
         }
-    }
-
-    /// Reads the next page of pending rows into the queue. Returns the last id read and how
-    /// many rows, or `None` when there are no more. With `lock` (the first page of a pass), it
-    /// reads them locked, and returns the transaction that holds them if every row read went
-    /// into the queue.
-    async fn read_page(
-        &mut self,
-        from: i64,
-        batch: usize,
-        lock: bool,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-    ) -> Result<(Option<(i64, usize)>, Option<Spare>), StoreError> {
-        // A connection left inside a transaction by an error is closed, not pooled.
-        let tx = WriteTx(Some(self.store.pool().get().await?));
-        let conn = tx.conn();
-        let locked = match lock {
-            true => self.store.claim_locked(conn, from, batch as i64).await?,
-            false => None,
-        };
-        // A transaction is open, holding the rows read.
-        let mut open = locked.is_some();
-        let rows = match locked {
-            Some(rows) => rows,
-            None => self.store.claim(conn, from, batch as i64).await?,
-        };
-        let Some(last) = rows.last().map(|r| r.id) else {
-            if open {
-                tx.rollback().await?;
-            } else {
-                tx.finish();
-            }
-            return Ok((None, None));
-        };
-        let n = rows.len();
-        let now = Instant::now();
-        let mut ids = Vec::with_capacity(n);
-        for row in rows {
-            let parsed = match &row.payload {
-                Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
-                Err(e) => Err(format!("malformed payload: {e}")),
-            };
-            let payload = match parsed {
-                Ok(p) => p,
-                Err(e) => {
-                    // Not in that transaction: the rows it holds may yet be let go.
-                    if std::mem::take(&mut open) {
-                        conn.batch_execute("ROLLBACK").await?;
-                    }
-                    let read = row.payload.as_deref().ok();
-                    if !self.dead_letter(conn, row.id, &e, read, report).await? {
-                        // Held by another session, or changed since it was read: looked at
-                        // again soon, with what it says then.
-                        report.held += 1;
-                        report.locked += 1;
-                    }
-                    continue;
-                }
-            };
-            let hashes: Vec<u64> = payload.ops.iter().map(|op| key_hash(op.key())).collect();
-            let text: Arc<str> = row.payload.as_deref().unwrap_or_default().into();
-            if let Some(at) = self.memo.get(&row.id).and_then(|m| m.retry_at)
-                && at > now
-            {
-                blocked.extend(hashes.iter().copied());
-                report.held += 1;
-                report.due(at);
-                continue;
-            }
-            if row.retried && !self.memo.get(&row.id).is_some_and(|m| m.checked) {
-                // Not in the page's locked transaction: the note on the row must stay even if
-                // that transaction is rolled back.
-                if std::mem::take(&mut open) {
-                    conn.batch_execute("ROLLBACK").await?;
-                }
-                self.skip_superseded(conn, row.id, &payload.ops).await?;
-            }
-            ids.push(row.id);
-            queue.insert(
-                row.id,
-                Candidate {
-                    id: row.id,
-                    created_at: row.created_at,
-                    ops: payload.ops,
-                    hashes,
-                    text,
-                },
-            );
-        }
-        let spare = if open && ids.len() == n {
-            Some(Spare { tx, ids })
-        } else {
-            if open {
-                // A row held back: no Write will be this page.
-                tx.rollback().await?;
-            } else {
-                tx.finish();
-            }
-            None
-        };
-        Ok((Some((last, n)), spare))
     }
 
     fn row_delivered(&mut self, c: &Candidate, report: &mut PassReport) {

@@ -1,5 +1,9 @@
 //! The order rule: which rows a Write may carry.
 //!
+//! A tuple is a tuple *in a store*: the same tuple in two stores is two tuples, and every key
+//! below is (store, tuple), the rows naming no store being in the configured one. A Write goes
+//! to one store and model (its [`Target`]), so it carries only rows of that target.
+//!
 //! A row is sent only if no earlier row that touches one of its tuples is still undelivered in
 //! this pass: every row that fails, is held back or is held by another session adds its tuples
 //! to the pass's *blocked* set, and every later row touching a blocked tuple is passed over (and
@@ -24,6 +28,7 @@
 //! - Only the leader sends, and only while its lease holds (`relay.rs`, `leadership.rs`).
 
 use super::{Deliverer, PassReport};
+use crate::openfga::Target;
 use crate::payload::{Op, TupleKey};
 use crate::store::StoreError;
 use deadpool_postgres::GenericClient;
@@ -39,16 +44,22 @@ pub(super) struct Candidate {
     pub(super) id: i64,
     pub(super) created_at: SystemTime,
     pub(super) ops: Arc<[Op]>,
-    /// The hash of each operation's tuple key, parallel to `ops`.
+    /// Where its Write goes.
+    pub(super) target: Target,
+    /// The hash of each operation's (store, tuple) key, parallel to `ops`.
     pub(super) hashes: Vec<u64>,
     /// The payload's text as read: the Write goes only if its lock finds the same (a page is
     /// read without locks), and a row is dead-lettered only for what it still says.
     pub(super) text: Arc<str>,
 }
 
-/// The rows of one Write and which of their operations it carries.
+/// The rows of one Write and which of their operations it carries, all for one target.
 pub(super) struct Plan {
+    pub(super) target: Target,
     pub(super) rows: Vec<(Candidate, Vec<usize>)>,
+    /// The queue ran out of rows of its target before the Write was full: more would have
+    /// fitted.
+    pub(super) room: bool,
 }
 
 impl Plan {
@@ -73,18 +84,22 @@ impl Plan {
     }
 }
 
-pub(super) fn key_hash(k: &TupleKey) -> u64 {
+/// The order key of a tuple in a store (`store` as [`Target::store_key`] gives it).
+pub(super) fn key_hash(store: &str, k: &TupleKey) -> u64 {
     let mut h = DefaultHasher::new();
+    store.hash(&mut h);
     k.hash(&mut h);
     h.finish()
 }
 
 impl Deliverer {
-    /// Takes the rows of the next Write from the queue: in id order, as many as the tuple limit
-    /// and the rows' halving allow, never the same tuple twice, and none on a tuple of a Write
-    /// in flight or of an earlier row left waiting; a row larger than the limit goes alone, in
-    /// parts (smaller once a part was too large). Rows touching a blocked tuple are passed over
-    /// for the pass. Rows with nothing left to send are delivered without a Write.
+    /// Takes the rows of the next Write from the queue: in id order, all for the target of the
+    /// first row that may go, as many as the tuple limit and the rows' halving allow, never the
+    /// same tuple twice, and none on a tuple of a Write in flight or of an earlier row left
+    /// waiting (rows of other targets stay, for their own Writes); a row larger than the limit
+    /// goes alone, in parts (smaller once a part was too large). Rows touching a blocked tuple
+    /// are passed over for the pass. Rows with nothing left to send are delivered without a
+    /// Write.
     pub(super) fn plan_write(
         &mut self,
         queue: &mut BTreeMap<i64, Candidate>,
@@ -100,6 +115,8 @@ impl Deliverer {
         let mut waiting: HashSet<u64> = HashSet::new();
         let mut n_ops = 0usize;
         let mut cap = usize::MAX;
+        let mut target: Option<Target> = None;
+        let mut room = true;
         let ids: Vec<i64> = queue.keys().copied().collect();
         for id in ids {
             let Some(c) = queue.get(&id) else { continue };
@@ -110,11 +127,29 @@ impl Deliverer {
                 report.held += 1;
                 continue;
             }
+            if let Some(until) = self.store_held(&c.target) {
+                // Its store's Writes fail while other stores' succeed: passed over until then.
+                if let Some(c) = queue.remove(&id) {
+                    blocked.extend(c.hashes.iter().copied());
+                }
+                report.held += 1;
+                report.due(until);
+                continue;
+            }
             if c.hashes
                 .iter()
                 .any(|h| in_flight.contains_key(h) || waiting.contains(h))
             {
                 waiting.extend(c.hashes.iter().copied());
+                continue;
+            }
+            if let Some(t) = target.as_ref().filter(|t| **t != c.target) {
+                // Another target's row, left for its own Write. Its tuples are of its store, so
+                // they meet this Write's only in its store under another model: a later row of
+                // this target on them must not overtake it.
+                if t.store == c.target.store {
+                    waiting.extend(c.hashes.iter().copied());
+                }
                 continue;
             }
             let memo = self.memo.get(&id);
@@ -137,10 +172,12 @@ impl Deliverer {
             let part_cap = memo.and_then(|m| m.max_part).unwrap_or(limit).min(limit);
             if rows.is_empty() {
                 let Some(c) = queue.remove(&id) else { continue };
+                target = Some(c.target.clone());
                 if remaining.len() > part_cap {
                     // Too large for one Write: send it in parts, alone, in order.
                     let part: Vec<usize> = remaining.into_iter().take(part_cap).collect();
                     rows.push((c, part));
+                    room = false;
                     break;
                 }
                 keys.extend(remaining.iter().map(|&i| c.hashes[i]));
@@ -150,6 +187,7 @@ impl Deliverer {
                 continue;
             }
             if rows.len() >= cap.min(row_cap) || n_ops + remaining.len() > limit {
+                room = false;
                 break;
             }
             if remaining.iter().any(|&i| keys.contains(&c.hashes[i])) {
@@ -163,7 +201,8 @@ impl Deliverer {
             cap = cap.min(row_cap);
             rows.push((c, remaining));
         }
-        (!rows.is_empty()).then_some(Plan { rows })
+        let target = target?;
+        (!rows.is_empty()).then_some(Plan { target, rows, room })
     }
 
     /// For a row that came back from dead (`fga-relay retry`): its operations on tuples that a
@@ -176,9 +215,14 @@ impl Deliverer {
         conn: &impl GenericClient,
         id: i64,
         ops: &[Op],
+        target: &Target,
+        configured: Option<&str>,
     ) -> Result<(), StoreError> {
         let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
-        let skipped = self.store.superseded(conn, id, &keys).await?;
+        let skipped = self
+            .store
+            .superseded(conn, id, &keys, target.store_key(), configured)
+            .await?;
         if !skipped.is_empty() {
             let list: Vec<String> = skipped
                 .iter()

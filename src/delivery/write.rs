@@ -20,7 +20,7 @@
 use super::order::Plan;
 use super::{Deliverer, Memo};
 use crate::metrics::Metrics;
-use crate::openfga::{FgaClient, WriteError};
+use crate::openfga::{FgaClient, Target, WriteError};
 use crate::payload::{Condition, Op, same_condition};
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
@@ -189,9 +189,10 @@ impl Flight {
         }
         let ops = self.plan.ops();
         let started = Instant::now();
-        let result = match client.write(&ops, window).await {
+        let target = &self.plan.target;
+        let result = match client.write(target, &ops, window).await {
             Err(WriteError::AlreadyApplied { op, message }) => {
-                confirm_applied(client, &ops, op, message).await
+                confirm_applied(client, target, &ops, op, message).await
             }
             r => r,
         };
@@ -248,6 +249,7 @@ impl Flight {
 /// not exist" needs no look.
 pub(super) async fn confirm_applied(
     client: &FgaClient,
+    target: &Target,
     ops: &[&Op],
     op: Option<usize>,
     message: String,
@@ -259,7 +261,7 @@ pub(super) async fn confirm_applied(
     let Some(Op::Write { key, condition }) = ops.get(i).copied() else {
         return Err(applied);
     };
-    let page = match client.read(Some(key), 1, "").await {
+    let page = match client.read(target.store.as_deref(), Some(key), 1, "").await {
         Ok(page) => page,
         // Whether it holds the row's condition is not known: sent again later, not counted.
         Err(e @ (WriteError::Transient { .. } | WriteError::Throttled { .. })) => return Err(e),

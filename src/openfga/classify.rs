@@ -65,6 +65,10 @@ pub enum WriteError {
     /// already in the state asked for.
     #[error("already applied: {message}")]
     AlreadyApplied { op: Option<usize>, message: String },
+    /// The store or model the Write's rows name does not exist (a row's `store_id` or
+    /// `authorization_model_id`): none of them can ever be delivered as it is.
+    #[error("{message}")]
+    UnknownTarget { message: String },
     /// The request body is larger than OpenFGA, or a proxy in front of it, takes (413, or gRPC's
     /// receive limit): a Write of several rows is halved, as are the parts of a row sent in
     /// parts; a row sent whole, or one tuple, can never be delivered.
@@ -106,6 +110,7 @@ impl WriteError {
             }
             WriteError::Rejected { .. }
             | WriteError::AlreadyApplied { .. }
+            | WriteError::UnknownTarget { .. }
             | WriteError::TooLarge { .. } => FailureClass::Permanent,
             WriteError::TooManyTuples { .. }
             | WriteError::Configuration { .. }

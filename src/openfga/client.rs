@@ -6,6 +6,7 @@ use super::classify::{WriteError, classify, error_chain, excerpt, redirected};
 use super::guarded_body::{GuardedBody, refused};
 use super::read_page::{MAX_READ_PAGE, ReadAnswer, ReadPage};
 use super::retry_after::parse_retry_after;
+use super::target::Target;
 use super::write_body::write_body;
 use crate::config::{Auth, ConfigError, FgaSettings, StoreRef};
 use crate::payload::Op;
@@ -27,8 +28,8 @@ pub struct FgaClient {
     credentials: Credentials,
     /// The deadline of one whole Write call: token, request and the retry after a 401.
     write_deadline: Duration,
-    /// When the store was last found to exist (see `store::FgaClient::store_still_exists`).
-    pub(super) store_seen: std::sync::Mutex<Option<std::time::Instant>>,
+    /// When each store was last found to exist (see `store::FgaClient::store_still_exists`).
+    pub(super) store_seen: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl FgaClient {
@@ -82,7 +83,7 @@ impl FgaClient {
             model_id: settings.model_id.clone(),
             credentials: Credentials::new(settings.auth.clone()),
             write_deadline: settings.request_timeout,
-            store_seen: std::sync::Mutex::new(None),
+            store_seen: std::sync::Mutex::default(),
         })
     }
 
@@ -119,31 +120,60 @@ impl FgaClient {
         unreachable!("the loop returns on its second pass")
     }
 
-    /// Sends one Write carrying `ops`, all of it (OIDC token fetch, the request, and the retry
-    /// after a 401) within one request timeout: a new leader's fence counts on no Write of an
-    /// earlier leader lasting longer. Its body leaves only while `window` is open.
-    pub async fn write(&self, ops: &[&Op], window: &SendWindow) -> Result<(), WriteError> {
+    /// Sends one Write carrying `ops` to `target`'s store and model, all of it (OIDC token
+    /// fetch, the request, and the retry after a 401) within one request timeout: a new
+    /// leader's fence counts on no Write of an earlier leader lasting longer. Its body leaves
+    /// only while `window` is open.
+    pub async fn write(
+        &self,
+        target: &Target,
+        ops: &[&Op],
+        window: &SendWindow,
+    ) -> Result<(), WriteError> {
         // Outside the Write's deadline: a GetStore sends nothing a fence must wait for, and its
         // token fetch must not eat into the Write's time.
-        let store_id = self.request_store_id().await?;
-        self.store_still_exists(store_id).await?;
-        tokio::time::timeout(self.write_deadline, self.write_unbounded(ops, window))
-            .await
-            .unwrap_or_else(|_| {
-                Err(WriteError::Transient {
-                    reason: format!(
-                        "the Write (token and retry included) timed out after {:?}",
-                        self.write_deadline
-                    ),
-                    retry_after: None,
-                })
+        let store_id: &str = match &target.store {
+            Some(id) => id,
+            None => self.request_store_id().await?,
+        };
+        self.store_still_exists(store_id, target.store.is_none())
+            .await?;
+        let model = match &target.model {
+            Some(m) => Some(&**m),
+            None if target.store.is_none() => self.model_id.as_deref(),
+            None => None,
+        };
+        let written = tokio::time::timeout(
+            self.write_deadline,
+            self.write_unbounded(store_id, model, ops, window),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(WriteError::Transient {
+                reason: format!(
+                    "the Write (token and retry included) timed out after {:?}",
+                    self.write_deadline
+                ),
+                retry_after: None,
             })
+        });
+        match written {
+            Err(e) if target.store.is_some() || target.model.is_some() => {
+                Err(self.named_target_missing(target, store_id, e).await)
+            }
+            other => other,
+        }
     }
 
-    async fn write_unbounded(&self, ops: &[&Op], window: &SendWindow) -> Result<(), WriteError> {
-        let store_id = self.request_store_id().await?;
+    async fn write_unbounded(
+        &self,
+        store_id: &str,
+        model: Option<&str>,
+        ops: &[&Op],
+        window: &SendWindow,
+    ) -> Result<(), WriteError> {
         let url = self.url(&format!("/stores/{store_id}/write"));
-        let body = write_body(ops, self.model_id.as_deref());
+        let body = write_body(ops, model);
         let (status, retry_after, answer) = self.post_json(url, body, Some(window)).await?;
         if (200..300).contains(&status) {
             // OpenFGA answers `{}`. Anything that is not a JSON object came from something else
@@ -159,7 +189,8 @@ impl FgaClient {
         Err(classify(status, retry_after, &answer, ops))
     }
 
-    /// One page of OpenFGA's Read, as its source answers it: the tuples matching `filter`
+    /// One page of OpenFGA's Read of `store` (the configured one for `None`), as its source
+    /// answers it: the tuples matching `filter`
     /// (every tuple of the store when `None`), at most `page_size` (1..=[`MAX_READ_PAGE`]) of
     /// them, from `continuation_token` on (empty for the first page), read with
     /// `HIGHER_CONSISTENCY` so that no cache answers for the store. OpenFGA returns tuples in
@@ -171,11 +202,15 @@ impl FgaClient {
     /// row to blame, the request itself is wrong).
     pub async fn read(
         &self,
+        store: Option<&str>,
         filter: Option<&crate::payload::TupleKey>,
         page_size: u32,
         continuation_token: &str,
     ) -> Result<ReadPage, WriteError> {
-        let store_id = self.request_store_id().await?;
+        let store_id = match store {
+            Some(id) => id,
+            None => self.request_store_id().await?,
+        };
         let url = self.url(&format!("/stores/{store_id}/read"));
         let mut body = serde_json::json!({
             "page_size": page_size.clamp(1, MAX_READ_PAGE),

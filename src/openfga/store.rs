@@ -1,5 +1,6 @@
 //! Which store the relay writes to: an id as given, or a name resolved through ListStores once;
-//! the check at start that it exists, and the same check again while it writes.
+//! the check at start that it exists, and the same check again, for it and for every store a
+//! row names, while it writes.
 
 use super::classify::{ErrorBody, WriteError, excerpt};
 use super::client::FgaClient;
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 /// softly: Writes to a deleted store are still answered 200 and land nowhere anyone reads, so
 /// only GetStore tells. At most this long of a relay's Writes can go to a deleted store.
 const STORE_CHECK_EVERY: Duration = Duration::from_secs(10);
+/// Stores remembered as checked before the stale ones are forgotten.
+const SEEN_MAX: usize = 4096;
 
 /// Why the store could not be checked at start.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +38,11 @@ impl FgaClient {
             })
             .await
             .map(String::as_str)
+    }
+
+    /// The configured store's id, if it is known already (given, or resolved from its name).
+    pub fn configured_store_id(&self) -> Option<&str> {
+        self.store_id.get().map(String::as_str)
     }
 
     async fn find_store(&self, name: &str) -> Result<String, PreflightError> {
@@ -104,6 +112,19 @@ impl FgaClient {
     /// being unreachable is not (the relay starts and keeps retrying).
     pub async fn preflight(&self) -> Result<String, PreflightError> {
         let id = self.store_id().await?.to_owned();
+        match self.get_store(&id).await? {
+            Some(name) => Ok(name),
+            None => Err(ConfigError::new(
+                "--store-id (FGA_STORE_ID)",
+                format!("OpenFGA has no store {id}"),
+            )
+            .into()),
+        }
+    }
+
+    /// GetStore: the store's name, or `None` when OpenFGA answers that it has no such store
+    /// (404 `store_id_not_found`, also for a deleted store).
+    pub(super) async fn get_store(&self, id: &str) -> Result<Option<String>, PreflightError> {
         let url = self.url(&format!("/stores/{id}"));
         let resp = self
             .send(|| self.http.get(url.clone()))
@@ -120,17 +141,13 @@ impl FgaClient {
             let name = serde_json::from_slice::<Store>(&body)
                 .map(|s| s.name)
                 .unwrap_or_default();
-            return Ok(name);
+            return Ok(Some(name));
         }
         let code = serde_json::from_slice::<ErrorBody>(&body)
             .map(|b| b.code)
             .unwrap_or_default();
         if status == reqwest::StatusCode::NOT_FOUND && code == "store_id_not_found" {
-            return Err(ConfigError::new(
-                "--store-id (FGA_STORE_ID)",
-                format!("OpenFGA has no store {id}"),
-            )
-            .into());
+            return Ok(None);
         }
         Err(PreflightError::Unavailable(format!(
             "GET /stores/{id} answered {status}: {}",
@@ -138,31 +155,92 @@ impl FgaClient {
         )))
     }
 
-    /// Whether the store still exists, asked at most every [`STORE_CHECK_EVERY`] while the relay
-    /// writes. A store found missing is a configuration error, which holds delivery (no row is
-    /// struck for it) until the store exists again; it is asked again before every Write
-    /// meanwhile. An OpenFGA that cannot answer GetStore is no reason to hold: the Write will
-    /// tell what it can.
-    pub(super) async fn store_still_exists(&self, id: &str) -> Result<(), WriteError> {
-        let fresh =
-            |seen: &Option<Instant>| seen.is_some_and(|at| at.elapsed() < STORE_CHECK_EVERY);
-        if fresh(&self.store_seen.lock().unwrap_or_else(|e| e.into_inner())) {
-            return Ok(());
+    /// Whether store `id` still exists, asked at most every [`STORE_CHECK_EVERY`] per store
+    /// while the relay writes to it. The configured store found missing is a configuration
+    /// error, which holds its rows (no row is struck for it) until the store exists again; it
+    /// is asked again before every Write meanwhile. A store a row names (`configured` false)
+    /// is told apart: one that never existed (no model either) makes its rows undeliverable
+    /// ([`WriteError::UnknownTarget`]); one deleted holds its rows as the configured store's
+    /// are. An OpenFGA that cannot answer GetStore is no reason to hold: the Write will tell
+    /// what it can.
+    pub(super) async fn store_still_exists(
+        &self,
+        id: &str,
+        configured: bool,
+    ) -> Result<(), WriteError> {
+        let now = Instant::now();
+        {
+            let mut seen = self.store_seen.lock().unwrap_or_else(|e| e.into_inner());
+            if seen
+                .get(id)
+                .is_some_and(|at| now.duration_since(*at) < STORE_CHECK_EVERY)
+            {
+                return Ok(());
+            }
+            // Thousands of stores: what is stale is asked again anyway.
+            if seen.len() >= SEEN_MAX {
+                seen.retain(|_, at| now.duration_since(*at) < STORE_CHECK_EVERY);
+            }
         }
-        match self.preflight().await {
-            Ok(_) => {
-                *self.store_seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        match self.get_store(id).await {
+            Ok(Some(_)) => {
+                self.store_seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.to_owned(), Instant::now());
                 Ok(())
             }
-            Err(PreflightError::Config(_)) => Err(WriteError::Configuration {
+            Ok(None) if !configured && !self.has_models(id).await => {
+                Err(WriteError::UnknownTarget {
+                    message: format!(
+                        "OpenFGA has no store {id} (GetStore answered 404 store_id_not_found)"
+                    ),
+                })
+            }
+            Ok(None) => Err(WriteError::Configuration {
                 status: 404,
                 code: "store_id_not_found".into(),
-                message: format!(
-                    "OpenFGA store {id} no longer exists (deleted?): delivery is held until it \
-                     exists again or the relay is pointed at another store"
-                ),
+                message: if configured {
+                    format!(
+                        "OpenFGA store {id} no longer exists (deleted?): delivery is held until \
+                         it exists again or the relay is pointed at another store"
+                    )
+                } else {
+                    format!(
+                        "OpenFGA store {id} no longer exists (deleted): its rows are held until \
+                         it exists again (dead-letter or correct them with SQL)"
+                    )
+                },
             }),
-            Err(PreflightError::Unavailable(_)) => Ok(()),
+            Err(PreflightError::Config(_) | PreflightError::Unavailable(_)) => Ok(()),
+        }
+    }
+
+    /// Whether OpenFGA lists a model of store `id`: OpenFGA deletes stores softly, and keeps
+    /// their models, so a store GetStore does not find but with models was deleted; one with
+    /// none never existed (or never had a model, so no Write to it ever succeeded). When
+    /// OpenFGA cannot say, the store is taken as deleted: held, not given up on.
+    async fn has_models(&self, id: &str) -> bool {
+        let mut url = self.url(&format!("/stores/{id}/authorization-models"));
+        url.query_pairs_mut().append_pair("page_size", "1");
+        let Ok(resp) = self.send(|| self.http.get(url.clone())).await else {
+            return true;
+        };
+        if !resp.status().is_success() {
+            return true;
+        }
+        #[derive(Deserialize)]
+        struct Models {
+            #[serde(default)]
+            authorization_models: Vec<serde_json::Value>,
+        }
+        match resp
+            .bytes()
+            .await
+            .map(|b| serde_json::from_slice::<Models>(&b))
+        {
+            Ok(Ok(m)) => !m.authorization_models.is_empty(),
+            _ => true,
         }
     }
 

@@ -31,6 +31,8 @@ pub(super) fn describe_condition(c: Option<&Value>) -> String {
 
 /// Rows of the comparison's cursor: a tuple not plainly in step.
 pub(super) struct Candidate {
+    /// Its store: the id rows name, `""` for the configured store.
+    pub(super) store: String,
     pub(super) key: TupleKey,
     pub(super) present: bool,
     pub(super) condition: Option<Value>,
@@ -75,6 +77,8 @@ impl Kind {
 /// One reported tuple.
 #[derive(Debug)]
 pub(super) struct Finding {
+    /// The tuple's store: the id rows name, `""` for the configured store.
+    pub(super) store: String,
     pub(super) kind: Kind,
     pub(super) key: TupleKey,
     /// The row of its last operation in the outbox.
@@ -127,6 +131,7 @@ impl Summary {
     /// Counts a candidate of the comparison and says what to report about it, if anything.
     pub(super) fn classify(&mut self, c: Candidate) -> Option<Finding> {
         let finding = |kind| Finding {
+            store: c.store.clone(),
             kind,
             key: c.key.clone(),
             row: Some(c.row),
@@ -201,6 +206,7 @@ mod tests {
 
     fn candidate(state: &str, present: bool, held: bool) -> Candidate {
         Candidate {
+            store: String::new(),
             key: TupleKey {
                 object: "document:1".into(),
                 relation: "viewer".into(),

@@ -30,6 +30,7 @@ pub(super) struct Queries {
     pub(super) index: String,
     pub(super) delivered: String,
     pub(super) keys: String,
+    pub(super) stores: String,
     pub(super) actual: String,
     pub(super) moved: String,
     pub(super) compare: String,
@@ -76,6 +77,7 @@ impl Db {
             index: r(include_str!("../../sql/queries/reconcile_index.sql")),
             delivered: r(include_str!("../../sql/queries/reconcile_delivered.sql")),
             keys: r(include_str!("../../sql/queries/reconcile_keys.sql")),
+            stores: r(include_str!("../../sql/queries/reconcile_stores.sql")),
             actual: r(include_str!("../../sql/queries/reconcile_actual.sql")),
             moved: r(include_str!("../../sql/queries/reconcile_moved.sql")),
             compare: r(include_str!("../../sql/queries/reconcile_compare.sql")),
@@ -92,11 +94,30 @@ impl Db {
         })
     }
 
-    pub(super) async fn setup(&self) -> anyhow::Result<()> {
+    /// Creates the working tables; rows naming `configured` (the configured store's id) are
+    /// that store's, as rows naming none.
+    pub(super) async fn setup(&self, configured: &str) -> anyhow::Result<()> {
+        self.client
+            .execute(
+                "SELECT set_config('fga_relay.configured_store', $1, false)",
+                &[&configured],
+            )
+            .await
+            .map_err(|e| db_error("cannot set the configured store", e))?;
         self.client
             .batch_execute(&self.q.setup)
             .await
             .map_err(|e| db_error("cannot create the working tables (TEMPORARY privilege?)", e))
+    }
+
+    /// The stores to read whole (reconcile_stores.sql), `""` the configured one.
+    pub(super) async fn stores(&self, all: bool) -> anyhow::Result<Vec<String>> {
+        let rows = self
+            .client
+            .query(&self.q.stores, &[&all])
+            .await
+            .map_err(|e| db_error("cannot list the stores to read", e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// The first id of the rows created within `d`: the rows after the last one older.
@@ -158,11 +179,17 @@ impl Db {
         }
     }
 
-    /// Fills `reconcile_expected` from rows `from..=through`; returns how many tuples.
-    pub(super) async fn expected(&self, from: i64, through: i64) -> anyhow::Result<u64> {
+    /// Fills `reconcile_expected` from rows `from..=through` (of store `only` alone, if given);
+    /// returns how many tuples.
+    pub(super) async fn expected(
+        &self,
+        from: i64,
+        through: i64,
+        only: Option<&str>,
+    ) -> anyhow::Result<u64> {
         let n = self
             .client
-            .execute(&self.q.expected, &[&from, &through])
+            .execute(&self.q.expected, &[&from, &through, &only])
             .await
             .map_err(|e| db_error("cannot compute the expected state", e))?;
         self.client
@@ -182,33 +209,40 @@ impl Db {
         Ok(n as u64)
     }
 
-    /// The next `limit` compared tuples after `after`, in key order.
+    /// The next `limit` compared tuples after `after`, in (store, key) order, with their
+    /// store.
     pub(super) async fn keys_after(
         &self,
-        after: &TupleKey,
+        after: &(String, TupleKey),
         limit: i64,
-    ) -> anyhow::Result<Vec<TupleKey>> {
+    ) -> anyhow::Result<Vec<(String, TupleKey)>> {
+        let (store, k) = after;
         let rows = self
             .client
             .query(
                 &self.q.keys,
-                &[&after.object, &after.relation, &after.user, &limit],
+                &[store, &k.object, &k.relation, &k.user, &limit],
             )
             .await
             .map_err(|e| db_error("cannot read the compared tuples", e))?;
         Ok(rows
             .iter()
-            .map(|r| TupleKey {
-                object: r.get(0),
-                relation: r.get(1),
-                user: r.get(2),
+            .map(|r| {
+                let key = TupleKey {
+                    object: r.get(1),
+                    relation: r.get(2),
+                    user: r.get(3),
+                };
+                (r.get(0), key)
             })
             .collect())
     }
 
-    /// Records tuples read from OpenFGA; returns how many the outbox does not speak of.
+    /// Records tuples read from OpenFGA's `store`; returns how many the outbox does not speak
+    /// of.
     pub(super) async fn record_actual(
         &self,
+        store: &str,
         tuples: &[crate::openfga::ReadTuple],
         keep_unknown: bool,
     ) -> anyhow::Result<u64> {
@@ -224,7 +258,14 @@ impl Db {
             .client
             .query_one(
                 &self.q.actual,
-                &[&objects, &relations, &users, &conditions, &keep_unknown],
+                &[
+                    &store,
+                    &objects,
+                    &relations,
+                    &users,
+                    &conditions,
+                    &keep_unknown,
+                ],
             )
             .await
             .map_err(|e| db_error("cannot record what OpenFGA holds", e))?
@@ -278,6 +319,7 @@ impl Db {
                         held: r.try_get(7)?,
                         held_condition: r.try_get(8)?,
                         moved: r.try_get(9)?,
+                        store: r.try_get(10)?,
                     })
                 })()
                 .map_err(|e| db_error(what, e))?;
@@ -313,6 +355,7 @@ impl Db {
             }
             for r in rows {
                 out.finding(&Finding {
+                    store: r.get(4),
                     kind: Kind::Unknown,
                     key: TupleKey {
                         object: r.get(0),
@@ -452,7 +495,9 @@ pub(super) async fn record_drift_batch(
     let kinds: Vec<&str> = drift.iter().map(|f| f.kind.as_str()).collect();
     let (objects, relations, users) = key_columns(drift.iter().map(|f| &f.key));
     let conditions: Vec<&Option<Value>> = drift.iter().map(|f| &f.condition).collect();
-    let params: [&(dyn ToSql + Sync); 5] = [&kinds, &objects, &relations, &users, &conditions];
+    let stores: Vec<&str> = drift.iter().map(|f| f.store.as_str()).collect();
+    let params: [&(dyn ToSql + Sync); 6] =
+        [&kinds, &objects, &relations, &users, &conditions, &stores];
     tx.execute(sql, &params)
         .await
         .map_err(|e| db_error("cannot record the drift", e))?;

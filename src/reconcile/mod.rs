@@ -9,10 +9,12 @@
 //! 2. The expected state: per tuple that rows `from..=M` touch, its last operation in id order,
 //!    computed by one `DISTINCT ON` statement into `reconcile_expected` (PostgreSQL sorts,
 //!    spilling to disk past `work_mem`).
-//! 3. What OpenFGA holds: the whole store read page by page (Read returns tuples in insertion
-//!    order, not key order, so the pages cannot be merge-joined as they come), each batch of
-//!    pages inserted into `reconcile_actual` keeping only the tuples the outbox speaks of; or,
-//!    with `--since`, one Read per compared tuple, a page of keys at a time.
+//! 3. What OpenFGA holds: each store the rows name (the configured one for rows naming none;
+//!    every store, or the one of `--store`) read whole, page by page (Read returns tuples in
+//!    insertion order, not key order, so the pages cannot be merge-joined as they come), each
+//!    batch of pages inserted into `reconcile_actual` keeping only the tuples the outbox speaks
+//!    of; or, with `--since`, one Read per compared tuple from its store, a page of keys at a
+//!    time. Every tuple is a tuple in a store: the same tuple in two stores is compared twice.
 //! 4. The tuples that rows after `M` touch (they changed while checking) into `reconcile_moved`.
 //! 5. One join, read through a cursor a page at a time, yields every tuple not in step, in key
 //!    order; each is printed as it comes (and recorded for `--repair`).
@@ -40,7 +42,7 @@ use crate::openfga::{FgaClient, PreflightError};
 use compare::Summary;
 use db::Db;
 use progress::{Meter, Progress, peak_rss_kib};
-use read::{read_store, read_tuples};
+use read::{read_stores, read_tuples};
 use report::Report;
 use std::sync::Arc;
 use tracing::info;
@@ -59,6 +61,7 @@ pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::
         table = %db.table,
         api_url = %fga.api_url,
         store = %fga.store,
+        only_store = opts.store.as_deref().unwrap_or("(every store)"),
         since = %opts
             .since
             .map_or_else(|| "all".to_owned(), |d| humantime::format_duration(d).to_string()),
@@ -73,7 +76,13 @@ pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::
         Err(PreflightError::Config(e)) => return Err(e.into()),
         Err(PreflightError::Unavailable(e)) => anyhow::bail!("cannot reach OpenFGA: {e}"),
     }
-    pg.setup().await?;
+    // Known once preflight found it. Rows naming it are the configured store's.
+    let configured = client.configured_store_id().unwrap_or_default().to_owned();
+    let only = opts
+        .store
+        .as_deref()
+        .map(|s| if s == configured { "" } else { s });
+    pg.setup(&configured).await?;
 
     let from = match opts.since {
         Some(d) => pg.first_row_since(d).await?,
@@ -83,12 +92,12 @@ pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::
     pg.wait_for_writers().await?;
 
     let mut progress = Progress::start("reading the outbox", Meter::Time);
-    let tuples = pg.expected(from, through).await?;
+    let tuples = pg.expected(from, through, only).await?;
     progress.add(tuples);
     progress.finish();
 
     let not_in_outbox = match opts.read_by {
-        ReadBy::Store => Some(read_store(&client, &pg, opts.all).await?),
+        ReadBy::Store => Some(read_stores(&client, &pg, opts.all).await?),
         ReadBy::Tuple => {
             read_tuples(&client, &pg).await?;
             None

@@ -26,12 +26,15 @@ pub(super) const READ_BACKOFF: Backoff =
 /// too many, ends the check.
 pub(super) async fn read_page(
     client: &FgaClient,
+    store: &str,
     filter: Option<&TupleKey>,
     token: &str,
 ) -> anyhow::Result<ReadPage> {
     let mut attempt = 0;
+    // `""` is the configured store.
+    let store = (!store.is_empty()).then_some(store);
     loop {
-        match client.read(filter, MAX_READ_PAGE, token).await {
+        match client.read(store, filter, MAX_READ_PAGE, token).await {
             Ok(page) => return Ok(page),
             Err(e) if e.class() == FailureClass::Transient && attempt + 1 < READ_ATTEMPTS => {
                 attempt += 1;
@@ -46,19 +49,37 @@ pub(super) async fn read_page(
     }
 }
 
-/// Reads the whole store, page after page, into `reconcile_actual`; returns how many tuples it
-/// holds that the outbox does not speak of.
-pub(super) async fn read_store(client: &FgaClient, pg: &Db, all: bool) -> anyhow::Result<u64> {
+/// Reads every store the compared tuples are in (with `all`, every store the outbox speaks of)
+/// whole, each into `reconcile_actual`; returns how many tuples they hold that the outbox does
+/// not speak of.
+pub(super) async fn read_stores(client: &FgaClient, pg: &Db, all: bool) -> anyhow::Result<u64> {
     let mut progress = Progress::start("reading OpenFGA", Meter::Count);
+    let mut unknown = 0;
+    for store in pg.stores(all).await? {
+        unknown += read_store(client, pg, &store, all, &mut progress).await?;
+    }
+    progress.finish();
+    Ok(unknown)
+}
+
+/// Reads one store whole, page after page, into `reconcile_actual`; returns how many tuples it
+/// holds that the outbox does not speak of.
+async fn read_store(
+    client: &FgaClient,
+    pg: &Db,
+    store: &str,
+    all: bool,
+    progress: &mut Progress,
+) -> anyhow::Result<u64> {
     let mut token = String::new();
     let mut batch = Vec::with_capacity(ACTUAL_BATCH + MAX_READ_PAGE as usize);
     let mut unknown = 0;
     loop {
-        let page = read_page(client, None, &token).await?;
+        let page = read_page(client, store, None, &token).await?;
         progress.add(page.tuples.len() as u64);
         batch.extend(page.tuples);
         if batch.len() >= ACTUAL_BATCH {
-            unknown += pg.record_actual(&batch, all).await?;
+            unknown += pg.record_actual(store, &batch, all).await?;
             batch.clear();
         }
         if page.continuation_token.is_empty() {
@@ -69,8 +90,7 @@ pub(super) async fn read_store(client: &FgaClient, pg: &Db, all: bool) -> anyhow
         }
         token = page.continuation_token;
     }
-    unknown += pg.record_actual(&batch, all).await?;
-    progress.finish();
+    unknown += pg.record_actual(store, &batch, all).await?;
     Ok(unknown)
 }
 
@@ -79,18 +99,21 @@ pub(super) async fn read_store(client: &FgaClient, pg: &Db, all: bool) -> anyhow
 pub(super) async fn read_tuples(client: &Arc<FgaClient>, pg: &Db) -> anyhow::Result<()> {
     let total = pg.delivered_tuples().await?;
     let mut progress = Progress::start("reading OpenFGA", Meter::Total(total));
-    let mut after = TupleKey {
-        object: String::new(),
-        relation: String::new(),
-        user: String::new(),
-    };
+    let mut after = (
+        String::new(),
+        TupleKey {
+            object: String::new(),
+            relation: String::new(),
+            user: String::new(),
+        },
+    );
     loop {
         let keys = pg.keys_after(&after, KEYS_PAGE).await?;
         let Some(last) = keys.last() else { break };
         after = last.clone();
-        let mut held = Vec::new();
+        let mut held: Vec<(String, crate::openfga::ReadTuple)> = Vec::new();
         let mut reads = JoinSet::new();
-        for key in keys {
+        for (store, key) in keys {
             while reads.len() >= READ_CONCURRENCY {
                 held.extend(joined(reads.join_next().await)?);
                 progress.add(1);
@@ -100,8 +123,13 @@ pub(super) async fn read_tuples(client: &Arc<FgaClient>, pg: &Db) -> anyhow::Res
                 let mut found = Vec::new();
                 let mut token = String::new();
                 loop {
-                    let page = read_page(&client, Some(&key), &token).await?;
-                    found.extend(page.tuples.into_iter().filter(|t| t.key == key));
+                    let page = read_page(&client, &store, Some(&key), &token).await?;
+                    found.extend(
+                        page.tuples
+                            .into_iter()
+                            .filter(|t| t.key == key)
+                            .map(|t| (store.clone(), t)),
+                    );
                     if page.continuation_token.is_empty() || page.continuation_token == token {
                         return anyhow::Ok(found);
                     }
@@ -113,7 +141,13 @@ pub(super) async fn read_tuples(client: &Arc<FgaClient>, pg: &Db) -> anyhow::Res
             held.extend(joined(Some(r))?);
             progress.add(1);
         }
-        pg.record_actual(&held, false).await?;
+        // Recorded store by store (a page of keys spans few).
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        for chunk in held.chunk_by(|a, b| a.0 == b.0) {
+            let tuples: Vec<crate::openfga::ReadTuple> =
+                chunk.iter().map(|(_, t)| t.clone()).collect();
+            pg.record_actual(&chunk[0].0, &tuples, false).await?;
+        }
     }
     progress.finish();
     Ok(())

@@ -53,6 +53,7 @@ impl Report {
         if self.json {
             let item = json!({
                 "status": f.kind.as_str(),
+                "store_id": (!f.store.is_empty()).then_some(&f.store),
                 "object": f.key.object,
                 "relation": f.key.relation,
                 "user": f.key.user,
@@ -81,7 +82,17 @@ impl Report {
                 Kind::Dead => format!("its last operation is in dead row {row}: not compared"),
                 Kind::Unknown => "OpenFGA holds it; the outbox does not mention it".to_owned(),
             };
-            writeln!(self.out, "{:<11} {}  {detail}", f.kind.as_str(), f.key)?;
+            if f.store.is_empty() {
+                writeln!(self.out, "{:<11} {}  {detail}", f.kind.as_str(), f.key)?;
+            } else {
+                writeln!(
+                    self.out,
+                    "{:<11} {}  in store {}: {detail}",
+                    f.kind.as_str(),
+                    f.key,
+                    f.store
+                )?;
+            }
         }
         self.first = false;
         if self.flush_each {

@@ -5,7 +5,7 @@ use std::time::Duration;
 /// How OpenFGA is read back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadBy {
-    /// The whole store, a page at a time: store size / 100 requests.
+    /// Each whole store, a page at a time: store size / 100 requests.
     Store,
     /// One Read per compared tuple, several at a time (`READ_CONCURRENCY`).
     Tuple,
@@ -29,4 +29,7 @@ pub struct Options {
     pub since: Option<Duration>,
     pub all: bool,
     pub read_by: ReadBy,
+    /// Only this store: the id rows name, `""` for the configured store (rows naming none, or
+    /// it); `None`: every store.
+    pub store: Option<String>,
 }

@@ -148,6 +148,14 @@ impl Env {
         .await;
     }
 
+    /// As [`Env::wait_drained`], for up to `within`.
+    pub async fn wait_drained_within(&self, within: Duration) {
+        wait_until(within, "no row is pending", || async {
+            self.pending().await == 0
+        })
+        .await;
+    }
+
     /// The state of a row: (processed, dead, attempts, last_error).
     pub async fn row(&self, id: i64) -> RowState {
         let client = self.db.connect().await;

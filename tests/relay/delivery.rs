@@ -324,7 +324,9 @@ fn mixed_plan(n: usize, tuples: usize) -> Vec<(usize, bool)> {
         .collect()
 }
 
-fn mixed_payload(j: usize, k: usize, write: bool) -> Value {
+/// Row `j`'s payload: a write (or a delete) of tuple `k`, and a marker tuple of its own, which
+/// travels in the same Write and tells which row each accepted operation came from.
+pub(crate) fn mixed_payload(j: usize, k: usize, write: bool) -> Value {
     let t = tk(&format!("user:t{k}"), "viewer", "document:mix");
     let marker = tk(&format!("user:m{j}"), "viewer", "document:marker");
     if write {

@@ -25,6 +25,7 @@ mod secrets;
 mod security;
 mod sessions;
 mod settings;
+mod stores;
 mod summary;
 mod version;
 mod wait;

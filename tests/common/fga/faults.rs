@@ -11,6 +11,8 @@ pub struct FaultRule {
     pub times: usize,
     /// `(user, relation, object)`: the rule matches only requests that write or delete this tuple.
     pub only_if_tuple: Option<(String, String, String)>,
+    /// A store id: the rule matches only Writes to this store (`/stores/{id}/write`).
+    pub only_if_store: Option<String>,
 }
 
 impl FaultRule {
@@ -23,7 +25,14 @@ impl FaultRule {
             fault,
             times: n,
             only_if_tuple: None,
+            only_if_store: None,
         }
+    }
+
+    /// Only Writes to this store.
+    pub fn when_store(mut self, store: &str) -> Self {
+        self.only_if_store = Some(store.to_owned());
+        self
     }
 
     pub fn when_tuple(mut self, user: &str, relation: &str, object: &str) -> Self {

@@ -29,6 +29,8 @@ pub struct Fga {
     store_id: String,
     store_name: String,
     model_id: Option<String>,
+    /// The model's JSON, for the other stores a test makes ([`Fga::add_store`]).
+    model: Option<Value>,
     version: &'static str,
     proxy: Arc<Proxy>,
     addr: SocketAddr,
@@ -97,7 +99,8 @@ impl FgaBuilder {
         let n = STORES.fetch_add(1, Ordering::Relaxed);
         let store_name = format!("relay-test-{}-{n}", std::process::id());
         let store_id = api.create_store(&store_name);
-        let model_id = self.model.map(|m| api.write_model(&store_id, &m.to_json()));
+        let model = self.model.map(|m| m.to_json());
+        let model_id = model.as_ref().map(|m| api.write_model(&store_id, m));
         let proxy = Arc::new(Proxy::new(server.url.clone(), self.bearer));
         let listener = bind_listener();
         let addr = listener.local_addr().expect("listener address");
@@ -127,6 +130,7 @@ impl FgaBuilder {
             store_id,
             store_name,
             model_id,
+            model,
             version: self.flavour.version,
             proxy,
             addr,
@@ -186,6 +190,74 @@ impl Fga {
         self.model_id.as_deref()
     }
 
+    /// Another store on the same server (reached through the same proxy), with this test's
+    /// model; its id. For rows that name their store.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn add_store(&self) -> String {
+        let n = STORES.fetch_add(1, Ordering::Relaxed);
+        let id = self
+            .api
+            .create_store(&format!("relay-test-{}-{n}", std::process::id()));
+        if let Some(model) = &self.model {
+            self.api.write_model(&id, model);
+        }
+        id
+    }
+
+    /// Writes this test's model once more into `store`: a second model id.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn add_model(&self, store: &str) -> String {
+        let model = self.model.as_ref().expect("a test with a model");
+        self.api.write_model(store, model)
+    }
+
+    /// The tuples of `store` (any store of the server), sorted.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn tuples_in(&self, store: &str) -> Vec<StoredTuple> {
+        let mut tuples: Vec<StoredTuple> = self
+            .api
+            .read(store, None)
+            .iter()
+            .map(StoredTuple::from_key)
+            .collect();
+        tuples.sort();
+        tuples
+    }
+
+    /// Whether `store` holds the tuple.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn has_in(&self, store: &str, user: &str, relation: &str, object: &str) -> bool {
+        let key = json!({ "user": user, "relation": relation, "object": object });
+        !self.api.read(store, Some(key)).is_empty()
+    }
+
+    /// Every applied operation of `store`, in order.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn changelog_in(&self, store: &str) -> Vec<Change> {
+        self.api
+            .changes(store)
+            .iter()
+            .map(Change::from_json)
+            .collect()
+    }
+
+    /// A Write straight to the server, into `store`.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn write_direct_in(
+        &self,
+        store: &str,
+        writes: Vec<Value>,
+        deletes: Vec<Value>,
+    ) -> Result<(), Refused> {
+        self.api.write(store, writes, deletes)
+    }
+
+    /// Deletes `store` (softly, as OpenFGA does).
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn delete_store_id(&self, store: &str) {
+        self.api.delete_store(store);
+    }
+
     /// The OpenFGA version serving this store (`v1.18.1`, ...).
     pub fn version(&self) -> &'static str {
         self.version
@@ -193,14 +265,7 @@ impl Fga {
 
     /// The current tuples, sorted by (object, relation, user).
     pub fn tuples(&self) -> Vec<StoredTuple> {
-        let mut tuples: Vec<StoredTuple> = self
-            .api
-            .read(&self.store_id, None)
-            .iter()
-            .map(StoredTuple::from_key)
-            .collect();
-        tuples.sort();
-        tuples
+        self.tuples_in(&self.store_id)
     }
 
     fn read_one(&self, user: &str, relation: &str, object: &str) -> Option<Value> {

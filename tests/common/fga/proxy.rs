@@ -56,10 +56,11 @@ impl Proxy {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn record(&self, body: &Bytes, headers: &HeaderMap) -> usize {
+    fn record(&self, path: &str, body: &Bytes, headers: &HeaderMap) -> usize {
         let mut state = self.state();
         state.writes.push(WriteRecord {
             received_at: Instant::now(),
+            store: store_of(path).to_owned(),
             body: body_as_json(body),
             status: 0,
             answered_at: None,
@@ -113,7 +114,7 @@ impl Proxy {
         }
     }
 
-    fn take_fault(&self, keys: &[(String, String, String)]) -> Option<Fault> {
+    fn take_fault(&self, store: &str, keys: &[(String, String, String)]) -> Option<Fault> {
         let mut state = self.state();
         let index = state.faults.iter().position(|rule| {
             rule.times > 0
@@ -121,6 +122,7 @@ impl Proxy {
                     .only_if_tuple
                     .as_ref()
                     .is_none_or(|wanted| keys.iter().any(|k| k == wanted))
+                && rule.only_if_store.as_deref().is_none_or(|s| s == store)
         });
         let Some(index) = index else {
             let latency = state.latency.map(|l| Fault::Delay(l.draw()));
@@ -148,12 +150,12 @@ impl Proxy {
         body: Bytes,
         conn: &ConnCtl,
     ) -> Reply {
-        let index = self.record(&body, &headers);
+        let index = self.record(&path, &body, &headers);
         let limit = self.state().body_limit;
         let fault = if limit.is_some_and(|l| body.len() > l) {
             Some(Fault::html(413, "Request Entity Too Large"))
         } else {
-            self.take_fault(&tuple_keys(&body))
+            self.take_fault(store_of(&path), &tuple_keys(&body))
         };
         let mut answer_instead = None;
         let delay = match fault {
@@ -224,7 +226,7 @@ async fn handle(
         };
         if let Some((code, message)) = refusal {
             if is_write(parts.method.as_str(), parts.uri.path()) {
-                let index = proxy.record(&body, &parts.headers);
+                let index = proxy.record(parts.uri.path(), &body, &parts.headers);
                 proxy.finish(index, 401);
             }
             return Reply::error(401, code, message).into_response();
@@ -238,6 +240,13 @@ async fn handle(
             .await
     };
     reply.into_response()
+}
+
+/// The store of a `/stores/{store}/...` path; empty for any other.
+fn store_of(path: &str) -> &str {
+    path.strip_prefix("/stores/")
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .unwrap_or("")
 }
 
 fn is_write(method: &str, path: &str) -> bool {

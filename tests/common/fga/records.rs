@@ -71,6 +71,8 @@ pub(super) fn condition_of_key(key: &Value) -> Option<Value> {
 #[derive(Clone, Debug)]
 pub struct WriteRecord {
     pub received_at: Instant,
+    /// The store of its path (`/stores/{store}/write`).
+    pub store: String,
     /// The body's JSON value; `Value::Null` for an empty body, and the body text as a
     /// `Value::String` when it is not JSON.
     pub body: Value,
