@@ -3,6 +3,7 @@
 
 use super::failure::Failure;
 use crate::config::{Auth, DbSettings, DeliverySettings, FgaSettings};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, PreflightError};
 use crate::relay::Relay;
@@ -32,20 +33,22 @@ async fn check_schema(store: &Store) -> Result<schema::TableInfo, Failure> {
 }
 
 /// [`check_schema`] for the daemon: a database that is not up yet (the relay started first, or
-/// is restarting) is waited for, with backoff, until `shutdown`. A missing table is still bad
-/// configuration at once.
+/// is restarting) is waited for, with backoff, until `shutdown`, beating `liveness` at each
+/// attempt (waiting is progress). A missing table is still bad configuration at once.
 async fn wait_for_schema(
     store: &Store,
     shutdown: &CancellationToken,
+    liveness: &Liveness,
 ) -> Result<schema::TableInfo, Failure> {
     const WAIT: crate::backoff::Backoff =
         crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     let mut attempt = 0;
     loop {
+        liveness.beat();
         match check_schema(store).await {
             Err(Failure::Other(e)) if !shutdown.is_cancelled() => {
                 attempt += 1;
-                let wait = WAIT.delay(attempt);
+                let wait = WAIT.delay(attempt).min(liveness.beat_interval());
                 warn!(error = %format!("{e:#}"), retry_in = ?wait, "waiting for PostgreSQL");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
@@ -71,6 +74,7 @@ pub(super) async fn build_relay(
     delivery: DeliverySettings,
     command: &str,
     wait_for_db: Option<&CancellationToken>,
+    liveness: Arc<Liveness>,
 ) -> Result<(Relay, Registry), Failure> {
     let auth = match &fga.auth {
         Auth::None => "none",
@@ -109,7 +113,7 @@ pub(super) async fn build_relay(
         db.table.clone(),
     );
     let table = match wait_for_db {
-        Some(shutdown) => wait_for_schema(&store, shutdown).await?,
+        Some(shutdown) => wait_for_schema(&store, shutdown, &liveness).await?,
         None => check_schema(&store).await?,
     };
     if !table.trigger {
@@ -137,6 +141,7 @@ pub(super) async fn build_relay(
         table,
         identity: crate::leadership::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
+        liveness,
         terms: Default::default(),
         pooler: Default::default(),
         passes: Default::default(),

@@ -9,6 +9,7 @@
 //! - [`judge`]: the judgement of an answer (strikes, halving, dead letters).
 
 use crate::config::DeliverySettings;
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::payload::Payload;
@@ -107,6 +108,9 @@ pub struct Deliverer {
     /// The Writes allowed in flight at once, as TCP's congestion window: halved on 429, 5xx
     /// and timeouts, grown by one per window of successes, up to `max_in_flight`.
     window: f64,
+    /// Told at each step of a pass (a page read, a Write answered): a long pass that moves is
+    /// alive, one stuck on a connection that never answers is not.
+    liveness: Arc<Liveness>,
 }
 
 impl Deliverer {
@@ -116,6 +120,7 @@ impl Deliverer {
         metrics: Metrics,
         settings: DeliverySettings,
         max_tuples: usize,
+        liveness: Arc<Liveness>,
     ) -> Deliverer {
         let window = settings.max_in_flight.max(1) as f64;
         metrics.write_window.set(window as i64);
@@ -130,6 +135,7 @@ impl Deliverer {
             epoch: 0,
             streak: 0,
             recent: VecDeque::new(),
+            liveness,
         }
     }
 
@@ -181,6 +187,8 @@ impl Deliverer {
             window: window.clone(),
         };
         loop {
+            // Each turn follows a step done: a page read, a Write answered, a Write let leave.
+            self.liveness.beat();
             if gate.is_closed() {
                 launching = false;
             }

@@ -14,6 +14,7 @@ use crate::db::pooler::PoolerCheck;
 use crate::delivery::{Deliverer, PassReport};
 use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::pass_log::{PassLog, Trigger};
@@ -59,8 +60,10 @@ pub struct Relay {
     pub table: TableInfo,
     /// Who this relay is, in the leader record and logs: host, process id.
     pub identity: String,
-    /// systemd's readiness and watchdog (does nothing outside systemd).
+    /// systemd's readiness and status lines (does nothing outside systemd).
     pub systemd: Arc<Notifier>,
+    /// The main loop's sign of life, for `/livez` and systemd's watchdog.
+    pub liveness: Arc<Liveness>,
     /// What this process remembers of its own terms of leadership.
     pub terms: Terms,
     /// Finds a pooler in transaction mode between the relay and PostgreSQL, and stops the
@@ -123,13 +126,13 @@ async fn any_cancelled(tokens: &[&CancellationToken]) {
 }
 
 impl Relay {
-    /// Sleeps for `d`, or until one of `stop` fires (then returns false), feeding the systemd
-    /// watchdog meanwhile: waiting is the main loop's work too.
+    /// Sleeps for `d`, or until one of `stop` fires (then returns false), beating meanwhile:
+    /// waiting is the main loop's work too.
     async fn nap(&self, d: Duration, stop: &[&CancellationToken]) -> bool {
         let until = tokio::time::Instant::now() + d;
         loop {
-            self.systemd.alive();
-            let step = until.min(tokio::time::Instant::now() + self.systemd.feed_interval());
+            self.liveness.beat();
+            let step = until.min(tokio::time::Instant::now() + self.liveness.beat_interval());
             tokio::select! {
                 _ = tokio::time::sleep_until(step) => {}
                 _ = any_cancelled(stop) => return false,
@@ -222,30 +225,22 @@ impl Relay {
         keep_going: &dyn Fn() -> bool,
     ) -> Option<Result<PassReport, StoreError>> {
         let grace = self.delivery.fence(self.fga.request_timeout);
+        // A pass drains the whole backlog, which behind a slow OpenFGA takes longer than the
+        // liveness bound: it beats at each page read and each Write answered, so that a pass that
+        // moves is alive however long it lasts, and one stuck on a connection that never answers
+        // is not.
         let pass = deliverer.pass(keep_going, session.send_window());
         let given_up = async {
             session.lost().cancelled().await;
             tokio::time::sleep(grace).await;
         };
-        tokio::pin!(pass, given_up);
-        // A pass drains the whole backlog, which behind a slow OpenFGA (or a table lock) takes
-        // longer than systemd's watchdog allows: fed while the session holds, the relay is not
-        // killed mid-drain (and again after each restart).
-        let mut feed = tokio::time::interval(self.systemd.feed_interval());
-        loop {
-            tokio::select! {
-                r = &mut pass => return Some(r),
-                _ = &mut given_up => {
-                    warn!("a pass did not end after the connection was lost; giving it up");
-                    *locked(&self.terms.carry) = None;
-                    self.store.pool().retain(|_, _| false);
-                    return None;
-                }
-                _ = feed.tick() => {
-                    if !session.is_lost() {
-                        self.systemd.alive();
-                    }
-                }
+        tokio::select! {
+            r = pass => Some(r),
+            _ = given_up => {
+                warn!("a pass did not end after the connection was lost; giving it up");
+                *locked(&self.terms.carry) = None;
+                self.store.pool().retain(|_, _| false);
+                None
             }
         }
     }
@@ -264,17 +259,25 @@ impl Relay {
             self.metrics.clone(),
             self.delivery.clone(),
             self.fga.max_tuples_per_write,
+            self.liveness.clone(),
         )
     }
 
     /// The daemon: until `shutdown` fires, keep a dedicated connection, lead or stand by, and
     /// deliver. Returns once the batch in flight is finished and leadership released.
-    pub async fn run(&self, shutdown: CancellationToken, ready: impl Fn(bool)) {
+    /// `listening` is told the session's `lost` token while it is up, and `None` once it is
+    /// given up.
+    pub async fn run(
+        &self,
+        shutdown: CancellationToken,
+        listening: impl Fn(Option<CancellationToken>),
+    ) {
         self.pooler.stops(&shutdown);
         let mut deliverer = self.deliverer();
         let mut failures = 0u32;
         let mut connected_before = false;
         while !shutdown.is_cancelled() {
+            self.liveness.beat();
             let session = match self.connect(true).await {
                 Ok(s) => s,
                 Err(e) => {
@@ -300,7 +303,7 @@ impl Relay {
             }
             connected_before = true;
             self.metrics.listen_connected.set(1);
-            ready(true);
+            listening(Some(session.lost().clone()));
             self.systemd.ready("LISTEN connection up");
 
             let end = match self.stand_by(&session, &shutdown).await {
@@ -310,7 +313,7 @@ impl Relay {
             };
             self.metrics.leader.set(0);
             self.metrics.listen_connected.set(0);
-            ready(false);
+            listening(None);
             match end {
                 LeadEnd::Shutdown => break,
                 LeadEnd::Lost => {
@@ -484,7 +487,7 @@ impl Relay {
         // before, so that the first claim does not wait for it.
         let mut holding_wake_lock = false;
         loop {
-            self.systemd.alive();
+            self.liveness.beat();
             let notifications_before = self.metrics.notifications.get();
             let pass = if holding_wake_lock {
                 holding_wake_lock = false;
@@ -612,7 +615,7 @@ impl Relay {
             };
             tokio::pin!(retry);
             trigger = loop {
-                self.systemd.alive();
+                self.liveness.beat();
                 tokio::select! {
                     // A notification that comes with a sweep tick explains the rows: checked
                     // first, so that the sweep is credited only with rows nothing announced.
@@ -622,7 +625,7 @@ impl Relay {
                     _ = &mut retry => break Trigger::Again,
                     _ = shutdown.cancelled() => break Trigger::Again,
                     _ = session.lost().cancelled() => break Trigger::Again,
-                    _ = tokio::time::sleep(self.systemd.feed_interval()) => {}
+                    _ = tokio::time::sleep(self.liveness.beat_interval()) => {}
                 }
             };
             if session.is_lost() {

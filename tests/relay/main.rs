@@ -18,6 +18,7 @@ mod openfga;
 mod order;
 mod payloads;
 mod pooler;
+mod probes;
 mod reconcile;
 mod secret_files;
 mod secrets;

@@ -1,34 +1,15 @@
 //! What an operator sees: `/healthz`, `/metrics` (scraped and parsed), the sweep metric that
 //! tells notifications are being lost, and the JSON log format.
 
-use crate::common::metrics::scrape;
+use crate::common::metrics::{get, scrape};
 use crate::common::pg::PROMPTLY;
-use crate::common::relay::{Env, RelayProc, tk, wait_until, writes};
+use crate::common::relay::{Env, tk, wait_until, writes};
 use std::time::Duration;
-
-/// Starts a relay with the endpoint on a free port; returns it and the endpoint's base URL.
-async fn relay_with_endpoint(env: &Env, extra: &[(&str, &str)]) -> (RelayProc, String) {
-    let mut vars = vec![("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0")];
-    vars.extend_from_slice(extra);
-    let relay = env.spawn_relay(&vars);
-    let base = relay.endpoint().await;
-    (relay, base)
-}
-
-async fn get(url: &str) -> (u16, String) {
-    match reqwest::get(url).await {
-        Ok(r) => {
-            let status = r.status().as_u16();
-            (status, r.text().await.unwrap_or_default())
-        }
-        Err(e) => panic!("GET {url}: {e}"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     let env = Env::start().await;
-    let (relay, base) = relay_with_endpoint(&env, &[]).await;
+    let (relay, base) = env.spawn_relay_with_endpoint(&[]).await;
     relay.wait_for_log("delivering (leader)").await;
     assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
 
@@ -107,7 +88,7 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     // The dead-row gauge is the table's count, not this process's: a restarted relay (or
     // another one) still shows the rows dead-lettered before it.
     drop(relay);
-    let (_relay, base) = relay_with_endpoint(&env, &[]).await;
+    let (_relay, base) = env.spawn_relay_with_endpoint(&[]).await;
     let m = scrape(&base).await;
     assert_eq!(m["fga_relay_rows_dead_lettered_total"], 0.0);
     assert_eq!(m["fga_relay_dead_rows"], 1.0);
@@ -117,7 +98,7 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_follows_the_listen_connection() {
     let env = Env::start().await;
-    let (relay, base) = relay_with_endpoint(&env, &[]).await;
+    let (relay, base) = env.spawn_relay_with_endpoint(&[]).await;
     relay.wait_for_log("delivering (leader)").await;
     assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
     env.db.stop_immediately();
@@ -144,7 +125,9 @@ async fn rows_found_by_the_sweep_show_that_notifications_are_lost() {
         .batch_execute("ALTER TABLE fga_outbox DISABLE TRIGGER fga_outbox_notify")
         .await
         .unwrap();
-    let (relay, base) = relay_with_endpoint(&env, &[("FGA_RELAY_SWEEP_INTERVAL", "1s")]).await;
+    let (relay, base) = env
+        .spawn_relay_with_endpoint(&[("FGA_RELAY_SWEEP_INTERVAL", "1s")])
+        .await;
     relay.wait_for_log("delivering (leader)").await;
     assert!(
         relay
