@@ -2,7 +2,8 @@
 //! with their environment fallbacks (the OpenFGA ones named as the `fga` CLI names them).
 //!
 //! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout); 2 bad
-//! settings, with one line naming the setting.
+//! settings, with one line naming the setting; 143 or 130 when a second SIGTERM or SIGINT ended
+//! `run` or `drain` at once (see `shutdown`).
 
 use crate::commands::{self, Failure};
 use crate::config::LogFormat;

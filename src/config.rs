@@ -122,7 +122,7 @@ pub struct DbSettings {
 }
 
 /// How the relay proves who it is to OpenFGA.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Auth {
     None,
     /// A preshared key, sent as `Authorization: Bearer <key>`.

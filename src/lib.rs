@@ -39,6 +39,7 @@
 //! - [`summary`]: the summary log line every minute, and the warning when rows wait too long.
 //! - [`systemd`]: readiness and watchdog under `Type=notify`; [`liveness`]: whether the main
 //!   loop makes progress (`/livez`, and what feeds the watchdog).
+//! - [`reload`]: what a SIGHUP rereads (the settings' files).
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares; [`build_info`]:
 //!   the version and git revision (found by `build.rs`).
 
@@ -61,6 +62,7 @@ pub mod pass_log;
 pub mod payload;
 pub mod reconcile;
 pub mod relay;
+pub mod reload;
 pub mod schema;
 pub mod send_window;
 pub mod settings;

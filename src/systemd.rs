@@ -1,7 +1,7 @@
 //! systemd's notify protocol (`Type=notify`): `READY=1` once the LISTEN connection is up,
-//! `STATUS=` lines, and `WATCHDOG=1` while the main loop is alive (see `liveness`), so that a
-//! stuck relay is restarted. Sent by the `sd-notify` crate to `$NOTIFY_SOCKET`; without it (not
-//! under systemd) every call does nothing.
+//! `STATUS=` lines, `RELOADING=1` while a SIGHUP rereads files, and `WATCHDOG=1` while the main
+//! loop is alive (see `liveness`), so that a stuck relay is restarted. Sent by the `sd-notify`
+//! crate to `$NOTIFY_SOCKET`; without it (not under systemd) every call does nothing.
 
 use sd_notify::NotifyState;
 use std::time::Duration;
@@ -63,6 +63,20 @@ impl Notifier {
     /// `STOPPING=1`.
     pub fn stopping(&self) {
         self.send(&[NotifyState::Stopping]);
+    }
+
+    /// `RELOADING=1`, with the monotonic clock's time as systemd wants it, before rereading
+    /// settings; [`Notifier::ready`] after.
+    pub fn reloading(&self) {
+        match NotifyState::monotonic_usec_now() {
+            Ok(now) => self.send(&[NotifyState::Reloading, now]),
+            Err(e) => tracing::debug!(error = %e, "cannot read the monotonic clock"),
+        }
+    }
+
+    /// `READY=1` again, after [`Notifier::reloading`].
+    pub fn reloaded(&self) {
+        self.send(&[NotifyState::Ready]);
     }
 
     /// `WATCHDOG=1`: the main loop is alive.

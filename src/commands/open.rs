@@ -102,14 +102,15 @@ pub(super) async fn build_relay(
         revision = %crate::build_info::REVISION,
         "fga-relay starting"
     );
-    let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
-    pg.sessions = crate::db::Sessions::Delivery {
-        idle_in_transaction: crate::db::claim_idle_limit(fga.request_timeout),
-    };
+    let pg = crate::db::SharedPg::new(crate::db::delivery_pg(
+        &db,
+        &format!("fga-relay {command}"),
+        fga.request_timeout,
+    )?);
     // A connection for each Write in flight (it holds its rows' locks until the answer), and a
     // few for bookkeeping, the metrics endpoint and `drain`'s counts.
     let store = Store::new(
-        crate::db::pool(pg.clone(), delivery.max_in_flight + 3),
+        crate::db::shared_pool(&pg, delivery.max_in_flight + 3),
         db.table.clone(),
     );
     let table = match wait_for_db {

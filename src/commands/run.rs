@@ -6,11 +6,13 @@ use super::open::build_relay;
 use crate::config::{self, ConfigError};
 use crate::http::{Endpoint, Served};
 use crate::liveness::Liveness;
+use crate::reload::Reload;
 use crate::settings::{DEFAULT_HTTP_ADDR, RelayArgs, or_default};
 use crate::summary::SummarySettings;
 use clap::Args;
 use std::process::ExitCode;
 use std::sync::Arc;
+use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
 #[derive(Args, Debug)]
@@ -59,6 +61,9 @@ impl Run {
         )?;
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
+        // Taken now, not once the relay is built: until then, SIGHUP's default would end it.
+        let hangup = signal(SignalKind::hangup())
+            .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
         let systemd = Arc::new(crate::systemd::Notifier::from_env());
         let liveness = Arc::new(Liveness::new(liveness_timeout));
         tokio::spawn(crate::liveness::watch(liveness.clone(), systemd.clone()));
@@ -79,6 +84,17 @@ impl Run {
         let (mut relay, registry) =
             build_relay(db, fga, delivery, "run", Some(&shutdown), liveness).await?;
         relay.systemd = systemd;
+        crate::reload::on_hangup(
+            hangup,
+            Reload {
+                args: self.relay,
+                client: relay.client.clone(),
+                pg: relay.pg.clone(),
+                application_name: "fga-relay run".to_owned(),
+                systemd: relay.systemd.clone(),
+                url: relay.db.url.clone(),
+            },
+        );
         endpoint.serve_relay(Served {
             registry,
             metrics: relay.metrics.clone(),

@@ -9,8 +9,8 @@
 
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
-use crate::db::PgConnect;
 use crate::db::pooler::PoolerCheck;
+use crate::db::{PgConnect, SharedPg};
 use crate::delivery::{Deliverer, PassReport};
 use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
@@ -50,7 +50,8 @@ const AFTER_ENDING_LEADER: Duration = Duration::from_millis(100);
 
 /// Everything a relay needs, built once by the command line (or a test).
 pub struct Relay {
-    pub pg: PgConnect,
+    /// Where new connections go (replaced by a SIGHUP that rereads `DATABASE_URL_FILE`).
+    pub pg: SharedPg,
     pub db: DbSettings,
     pub fga: FgaSettings,
     pub delivery: DeliverySettings,
@@ -248,8 +249,8 @@ impl Relay {
     /// The dedicated connection's settings: the relay's, named apart so operators (and tests)
     /// can tell it from the pool's connections in `pg_stat_activity`.
     fn listener_config(&self) -> PgConnect {
-        self.pg
-            .named(&format!("{} listener", self.pg.application_name()))
+        let pg = self.pg.get();
+        pg.named(&format!("{} listener", pg.application_name()))
     }
 
     fn deliverer(&self) -> Deliverer {

@@ -25,6 +25,7 @@ mod secrets;
 mod security;
 mod sessions;
 mod settings;
+mod signals;
 mod summary;
 mod version;
 mod wait;
