@@ -103,18 +103,18 @@ pub fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("fga-relay: cannot start the runtime: {e}");
+            crate::telemetry::error_line(&format!("cannot start the runtime: {e}"));
             return ExitCode::from(1);
         }
     };
     match rt.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(Failure::Config(msg)) => {
-            eprintln!("fga-relay: {msg}");
+            crate::telemetry::error_line(&msg);
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
-            eprintln!("fga-relay: {e:#}");
+            crate::telemetry::error_line(&format!("{e:#}"));
             ExitCode::from(1)
         }
     }

@@ -38,7 +38,7 @@ impl Drain {
         if left == 0 {
             Ok(ExitCode::SUCCESS)
         } else {
-            eprintln!("fga-relay: {left} row(s) still pending after {timeout:?}");
+            crate::telemetry::error_line(&format!("{left} row(s) still pending after {timeout:?}"));
             Ok(ExitCode::from(1))
         }
     }

@@ -1,5 +1,5 @@
 //! What an operator sees: `/healthz`, `/metrics` (scraped and parsed), the sweep metric that
-//! tells notifications are being lost, and the JSON log format.
+//! tells notifications are being lost, the JSON log format, and log priorities under journald.
 
 use crate::common::metrics::{get, scrape};
 use crate::common::pg::PROMPTLY;
@@ -200,4 +200,120 @@ async fn the_leader_record_names_the_host() {
         holder.starts_with(&format!("{host} pid {}", relay.pid())),
         "{holder}"
     );
+}
+
+/// Where a `drain`'s stderr goes, as far as `JOURNAL_STREAM` says.
+enum Journal {
+    /// Not set (not under systemd).
+    Unset,
+    /// Set to the device and inode of the file stderr goes to, as systemd sets it.
+    ThisFile,
+    /// Set, to another stream (a program a service started, its stderr sent elsewhere).
+    Elsewhere,
+}
+
+/// Runs `drain` with a key OpenFGA refuses (an ERROR line), at debug, its stderr to a file;
+/// returns that file's lines.
+fn drain_log_lines(env: &Env, format: &str, journal: Journal) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::env::temp_dir().join(format!(
+        "fga-relay-journal-{}-{format}-{}.log",
+        std::process::id(),
+        match journal {
+            Journal::Unset => "unset",
+            Journal::ThisFile => "this",
+            Journal::Elsewhere => "elsewhere",
+        }
+    ));
+    let file = std::fs::File::create(&path).unwrap();
+    let meta = file.metadata().unwrap();
+    let mut c = env.command(&["drain", "--timeout", "2s"]);
+    c.env("FGA_API_TOKEN", "wrong-key")
+        .env("FGA_RELAY_LOG_FORMAT", format)
+        .env("RUST_LOG", "debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(file);
+    match journal {
+        Journal::Unset => {}
+        Journal::ThisFile => {
+            c.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+        }
+        Journal::Elsewhere => {
+            c.env(
+                "JOURNAL_STREAM",
+                format!("{}:{}", meta.dev(), meta.ino() + 1),
+            );
+        }
+    }
+    let status = c.status().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(status.code(), Some(1), "{text}");
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The level a line says it has: the text format's second word, or the JSON object's `level`;
+/// the line a failed command ends with (`fga-relay: …`) is an error. None for a later line of a
+/// text message of several lines.
+fn level_of(line: &str, format: &str) -> Option<String> {
+    if line.starts_with("fga-relay: ") {
+        return Some("ERROR".into());
+    }
+    if format == "json" {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        return v["level"].as_str().map(str::to_owned);
+    }
+    line.split_whitespace()
+        .nth(1)
+        .filter(|w| ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(w))
+        .map(str::to_owned)
+}
+
+/// With stderr connected to the journal (`JOURNAL_STREAM` names it), every line starts with the
+/// syslog priority of its level, in both formats, so that `journalctl -p warning` finds the
+/// warnings and errors; elsewhere (not set, or set for another stream) no line does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_carry_their_syslog_priority_when_stderr_is_the_journal() {
+    let fga = crate::common::fga::Fga::builder()
+        .preshared_key("right-key")
+        .start();
+    let env = Env::with_fga(fga).await;
+    env.insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    for format in ["text", "json"] {
+        let mut seen = std::collections::BTreeSet::new();
+        // A message of several lines has its priority on each.
+        let mut previous = None;
+        for line in drain_log_lines(&env, format, Journal::ThisFile) {
+            let (priority, rest) = line
+                .strip_prefix('<')
+                .and_then(|l| l.split_once('>'))
+                .unwrap_or_else(|| panic!("no priority ({format}): {line}"));
+            let expected = match level_of(rest, format).as_deref() {
+                Some("ERROR") => "3",
+                Some("WARN") => "4",
+                Some("INFO") => "6",
+                Some("DEBUG" | "TRACE") => "7",
+                Some(other) => panic!("level {other:?} ({format}): {line}"),
+                None => previous.unwrap_or_else(|| panic!("{format}: {line}")),
+            };
+            assert_eq!(priority, expected, "{format}: {line}");
+            previous = Some(expected);
+            seen.insert(priority.to_owned());
+        }
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            ["3", "4", "6", "7"],
+            "{format}: every level, each with its priority"
+        );
+        for journal in [Journal::Unset, Journal::Elsewhere] {
+            for line in drain_log_lines(&env, format, journal) {
+                assert!(!line.starts_with('<'), "{format}: {line}");
+            }
+        }
+    }
 }
