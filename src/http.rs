@@ -4,6 +4,7 @@
 
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
+use crate::openfga::FgaClient;
 use crate::store::Store;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -15,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// What the endpoint reports. It serves from the start of `run`, before PostgreSQL is reached
 /// (so that a relay waiting for its database is live, and not ready); the relay's metrics
@@ -34,8 +35,10 @@ pub struct Endpoint {
 pub struct Served {
     pub registry: Registry,
     pub metrics: Metrics,
-    /// For the pending gauges, refreshed at each scrape (no query runs unless scraped).
+    /// For the table's gauges, refreshed at each scrape (no query runs unless scraped).
     pub store: Store,
+    /// For `fga_relay_store_info`: the store's id, once known.
+    pub client: Arc<FgaClient>,
 }
 
 impl Endpoint {
@@ -182,8 +185,23 @@ async fn handle(endpoint: &Endpoint, req: Request<Incoming>) -> Response<Full<By
                     m.dead_rows.set(now.dead);
                     m.oldest_pending_age_seconds
                         .set(now.oldest_pending_age_seconds.unwrap_or(0.0));
+                    if m.table_count_ok.set(1) == 0 {
+                        info!("metrics: the table can be counted again");
+                    }
                 }
-                Err(e) => debug!(error = %e, "metrics: cannot count pending rows"),
+                // The three gauges keep the last values counted; this one says they are stale.
+                Err(e) => {
+                    if m.table_count_ok.set(0) == 1 {
+                        warn!(error = %e, "metrics: cannot count the table's rows; \
+                            fga_relay_table_count_ok is 0 and the pending, oldest and dead gauges \
+                            show the last values counted");
+                    } else {
+                        debug!(error = %e, "metrics: cannot count the table's rows");
+                    }
+                }
+            }
+            if let Some(id) = relay.client.known_store_id() {
+                m.store(id);
             }
             text(
                 StatusCode::OK,

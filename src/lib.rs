@@ -34,7 +34,7 @@
 //!   comparison (`compare`), the report (`report`), progress and peak memory (`progress`), and
 //!   what it is asked to do (`settings`).
 //! - [`metrics`], [`http`]: Prometheus metrics and the endpoint (`/livez`, `/readyz`, `/healthz`,
-//!   `/metrics`);
+//!   `/metrics`); [`process_metrics`]: the standard `process_*` metrics, from `/proc`;
 //!   [`latency_window`]: the delivery latency's percentiles since the last summary.
 //! - [`summary`]: the summary log line every minute, and the warning when rows wait too long.
 //! - [`systemd`]: readiness and watchdog under `Type=notify`; [`liveness`]: whether the main
@@ -60,6 +60,7 @@ pub mod metrics;
 pub mod openfga;
 pub mod pass_log;
 pub mod payload;
+pub mod process_metrics;
 pub mod reconcile;
 pub mod relay;
 pub mod reload;

@@ -130,7 +130,7 @@ pub(super) async fn build_relay(
         }
     }
     let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
+    let metrics = Metrics::new(&mut registry, &format!("{}.{}", table.schema, db.table));
     let relay = Relay {
         pg,
         db,

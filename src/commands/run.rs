@@ -99,6 +99,7 @@ impl Run {
             registry,
             metrics: relay.metrics.clone(),
             store: relay.store.clone(),
+            client: relay.client.clone(),
         });
         tokio::spawn(crate::summary::run(
             relay.metrics.clone(),

@@ -37,6 +37,11 @@ impl FgaClient {
             .map(String::as_str)
     }
 
+    /// The store id, if it is known already (given, or resolved).
+    pub fn known_store_id(&self) -> Option<&str> {
+        self.store_id.get().map(String::as_str)
+    }
+
     async fn find_store(&self, name: &str) -> Result<String, PreflightError> {
         let mut found = Vec::new();
         let mut token = String::new();

@@ -1,15 +1,10 @@
 //! Reading a relay's endpoint: `/metrics` (Prometheus text format, scraped and parsed) and the
 //! probes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
-/// `GET {base}/metrics`, which must answer 200 (once the relay has reached PostgreSQL: until
-/// then it answers 503, `starting`), parsed.
-pub async fn scrape(base: &str) -> HashMap<String, f64> {
-    parse(&scrape_text(base).await)
-}
-
-/// `GET {base}/metrics` as text (see [`scrape`]).
+/// `GET {base}/metrics` as text, which must answer 200 (once the relay has reached PostgreSQL:
+/// until then it answers 503, `starting`).
 pub async fn scrape_text(base: &str) -> String {
     let url = format!("{base}/metrics");
     let deadline = std::time::Instant::now() + super::pg::PROMPTLY;
@@ -24,22 +19,68 @@ pub async fn scrape_text(base: &str) -> String {
     }
 }
 
-/// Parses Prometheus text format into `name{labels}` → value.
+/// `GET {base}/metrics`, parsed (see [`parse`]).
+pub async fn scrape(base: &str) -> HashMap<String, f64> {
+    parse(&scrape_text(base).await)
+}
+
+/// Parses Prometheus text format into `name{labels}` → value, without the `table` label that
+/// every `fga_relay_*` series carries (see [`tables`]): `fga_relay_pending_rows`,
+/// `fga_relay_failed_attempts_total{class="transient"}`.
 pub fn parse(text: &str) -> HashMap<String, f64> {
-    let mut out = HashMap::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let (name, value) = line
-            .rsplit_once(' ')
-            .expect("a sample line is `name value`");
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("not a number: {line}"));
-        out.insert(name.to_owned(), value);
+    samples(text)
+        .map(|(series, value)| (without_table(series), value))
+        .collect()
+}
+
+/// The values of the `table` label on the `fga_relay_*` series; panics if one has none.
+pub fn tables(text: &str) -> BTreeSet<String> {
+    samples(text)
+        .filter(|(series, _)| series.starts_with("fga_relay_"))
+        .map(|(series, _)| {
+            labels(series)
+                .find_map(|l| l.strip_prefix("table=\"")?.strip_suffix('"'))
+                .unwrap_or_else(|| panic!("no table label: {series}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Each sample line: `name{labels}` and its value.
+fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line
+                .rsplit_once(' ')
+                .expect("a sample line is `name value`");
+            let value: f64 = value
+                .parse()
+                .unwrap_or_else(|_| panic!("not a number: {line}"));
+            (series, value)
+        })
+}
+
+/// A series' labels, `key="value"` each (no value of the relay's holds a comma).
+fn labels(series: &str) -> impl Iterator<Item = &str> {
+    series
+        .split_once('{')
+        .map(|(_, l)| l.trim_end_matches('}'))
+        .into_iter()
+        .flat_map(|l| l.split(','))
+        .filter(|l| !l.is_empty())
+}
+
+fn without_table(series: &str) -> String {
+    let name = series.split('{').next().unwrap_or(series);
+    let rest: Vec<&str> = labels(series)
+        .filter(|l| !l.starts_with("table="))
+        .collect();
+    if rest.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}{{{}}}", rest.join(","))
     }
-    out
 }
 
 /// `GET url`: the status and the body.

@@ -1,7 +1,7 @@
 //! What an operator sees: `/healthz`, `/metrics` (scraped and parsed), the sweep metric that
 //! tells notifications are being lost, the JSON log format, and log priorities under journald.
 
-use crate::common::metrics::{get, scrape};
+use crate::common::metrics::{get, scrape, scrape_text, tables};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{Env, tk, wait_until, writes};
 use std::time::Duration;
@@ -14,6 +14,7 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
 
     let m = scrape(&base).await;
+    let store_info = format!("fga_relay_store_info{{store=\"{}\"}}", env.fga.store_id());
     for name in [
         "fga_relay_rows_delivered_total",
         "fga_relay_tuples_delivered_total",
@@ -32,9 +33,40 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
         "fga_relay_failed_attempts_total{class=\"transient\"}",
         "fga_relay_failed_attempts_total{class=\"permanent\"}",
         "fga_relay_failed_attempts_total{class=\"configuration\"}",
+        "fga_relay_table_count_ok",
+        store_info.as_str(),
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
     ] {
         assert!(m.contains_key(name), "{name} missing from /metrics");
     }
+    assert_eq!(m["fga_relay_table_count_ok"], 1.0);
+    // Every fga_relay series names the table, schema first.
+    let text = scrape_text(&base).await;
+    assert_eq!(tables(&text), ["public.fga_outbox".to_owned()].into());
+    // The process metrics are this relay's.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = m["process_start_time_seconds"];
+    assert!(
+        started <= now + 1.0 && started > now - 600.0,
+        "{started} vs {now}"
+    );
+    assert!(m["process_resident_memory_bytes"] > 1e6);
+    assert!(m["process_open_fds"] >= 3.0);
+    assert!(m["process_cpu_seconds_total"] > 0.0);
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", relay.pid()))
+        .unwrap()
+        .count() as f64;
+    assert!(
+        (m["process_open_fds"] - fds).abs() <= 3.0,
+        "{} open fds said, {fds} in /proc",
+        m["process_open_fds"]
+    );
     assert_eq!(m["fga_relay_listen_connected"], 1.0);
     assert_eq!(m["fga_relay_leader"], 1.0);
     let version = format!(
@@ -94,21 +126,44 @@ async fn metrics_are_scraped_in_prometheus_text_and_count_what_happened() {
     assert_eq!(m["fga_relay_dead_rows"], 1.0);
 }
 
-/// /healthz is 503 while the LISTEN connection is down, 200 again once it is back.
+/// /healthz is 503 while the LISTEN connection is down, 200 again once it is back. Meanwhile the
+/// table cannot be counted: `fga_relay_table_count_ok` says so, while the pending, oldest and dead
+/// gauges show the last values counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_follows_the_listen_connection() {
     let env = Env::start().await;
     let (relay, base) = env.spawn_relay_with_endpoint(&[]).await;
     relay.wait_for_log("delivering (leader)").await;
     assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
+    env.fga.set_refusing(true);
+    env.insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    let m = scrape(&base).await;
+    assert_eq!(
+        (m["fga_relay_pending_rows"], m["fga_relay_table_count_ok"]),
+        (1.0, 1.0)
+    );
     env.db.stop_immediately();
     wait_until(PROMPTLY, "healthz says 503", || async {
         get(&format!("{base}/healthz")).await.0 == 503
     })
     .await;
+    let m = scrape(&base).await;
+    assert_eq!(
+        (m["fga_relay_pending_rows"], m["fga_relay_table_count_ok"]),
+        (1.0, 0.0)
+    );
+    relay.wait_for_log("cannot count the table's rows").await;
     env.db.restart_after_stop();
+    env.fga.set_refusing(false);
     wait_until(PROMPTLY, "healthz says 200 again", || async {
         get(&format!("{base}/healthz")).await.0 == 200
+    })
+    .await;
+    // The relay first waits out the fence of its session the outage ended (7 s here).
+    wait_until(PROMPTLY * 3, "the row delivered and counted", || async {
+        let m = scrape(&base).await;
+        m["fga_relay_pending_rows"] == 0.0 && m["fga_relay_table_count_ok"] == 1.0
     })
     .await;
     let m = scrape(&base).await;

@@ -451,8 +451,8 @@ async fn drain_survives_one_lost_pooled_connection() {
 }
 
 /// Two relays on one database, each on the outbox of its own schema (chosen by its role's
-/// `search_path`), each with its own OpenFGA: each delivers its own rows only, and one's
-/// writers do not wake the other.
+/// `search_path`), each with its own OpenFGA: each delivers its own rows only, one's writers do
+/// not wake the other, and their metrics say which table they are about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_on_two_schemas_of_one_database_keep_apart() {
     let env = Env::start().await;
@@ -514,6 +514,15 @@ async fn two_relays_on_two_schemas_of_one_database_keep_apart() {
     );
     assert_eq!(env.fga.tuples().len(), 1, "a delivered only its own row");
     assert_eq!(fga_b.tuples().len(), 20);
+    // Their metrics tell the two outboxes apart: every series names its table, schema first.
+    for (base, table) in [(&base_a, "public.fga_outbox"), (&base_b, "b.fga_outbox")] {
+        let text = crate::common::metrics::scrape_text(base).await;
+        assert_eq!(
+            crate::common::metrics::tables(&text),
+            [table.to_owned()].into(),
+            "{text}"
+        );
+    }
     assert!(
         a1 - a0 <= 2.0,
         "relay a woken {} times by b's rows",
