@@ -2,7 +2,8 @@
 //! with their environment fallbacks (the OpenFGA ones named as the `fga` CLI names them).
 //!
 //! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout); 2 bad
-//! settings, with one line naming the setting.
+//! settings, with one line naming the setting; 143 or 130 when a second SIGTERM or SIGINT ended
+//! `run` or `drain` at once (see `shutdown`).
 
 use crate::commands::{self, Failure};
 use crate::config::LogFormat;
@@ -102,18 +103,18 @@ pub fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("fga-relay: cannot start the runtime: {e}");
+            crate::telemetry::error_line(&format!("cannot start the runtime: {e}"));
             return ExitCode::from(1);
         }
     };
     match rt.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(Failure::Config(msg)) => {
-            eprintln!("fga-relay: {msg}");
+            crate::telemetry::error_line(&msg);
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
-            eprintln!("fga-relay: {e:#}");
+            crate::telemetry::error_line(&format!("{e:#}"));
             ExitCode::from(1)
         }
     }

@@ -122,7 +122,7 @@ pub struct DbSettings {
 }
 
 /// How the relay proves who it is to OpenFGA.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Auth {
     None,
     /// A preshared key, sent as `Authorization: Bearer <key>`.
@@ -262,6 +262,45 @@ impl DeliverySettings {
         }
         Ok(())
     }
+}
+
+/// The longest `--liveness-timeout` may be given: below it, a relay waiting as designed
+/// could be found stuck. The longest step of its main loop without a beat is a Write of a pass
+/// whose connection is lost: a lost connection is found within two heartbeats, and the pass is
+/// given up one Write's deadline and the fence's margin later.
+pub fn shortest_liveness_timeout(
+    delivery: &DeliverySettings,
+    request_timeout: Duration,
+) -> Duration {
+    delivery.fence(request_timeout) + delivery.heartbeat_interval * 2
+}
+
+/// `--liveness-timeout`: as given, if it is at least [`shortest_liveness_timeout`]; by default
+/// `default`, or twice the shortest where the other settings make that longer.
+pub fn liveness_timeout(
+    given: Option<&str>,
+    default: Duration,
+    delivery: &DeliverySettings,
+    request_timeout: Duration,
+) -> Result<Duration, ConfigError> {
+    let setting = "--liveness-timeout (FGA_RELAY_LIVENESS_TIMEOUT)";
+    let shortest = shortest_liveness_timeout(delivery, request_timeout);
+    let Some(given) = given.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(default.max(shortest * 2));
+    };
+    let timeout = parse_positive_duration(setting, given)?;
+    if timeout < shortest {
+        return Err(ConfigError::new(
+            setting,
+            format!(
+                "{given:?} is shorter than the longest step the relay takes without making \
+                 progress with its other settings ({}: --request-timeout plus 1 s, and two \
+                 --heartbeat-interval); make it at least that",
+                humantime::format_duration(shortest)
+            ),
+        ));
+    }
+    Ok(timeout)
 }
 
 /// Log line format.
@@ -474,6 +513,41 @@ mod tests {
         );
         let e = d.check_timing(Duration::from_secs(15)).unwrap_err();
         assert!(e.to_string().contains("FGA_RELAY_REQUEST_TIMEOUT"), "{e}");
+    }
+
+    #[test]
+    fn the_liveness_timeout_is_above_the_longest_step() {
+        let d = DeliverySettings::default();
+        let timeout = Duration::from_secs(10);
+        let default = Duration::from_secs(120);
+        // 10 s + 1 s + 2 × 5 s.
+        assert_eq!(
+            shortest_liveness_timeout(&d, timeout),
+            Duration::from_secs(21)
+        );
+        assert_eq!(
+            liveness_timeout(None, default, &d, timeout).unwrap(),
+            default
+        );
+        assert_eq!(
+            liveness_timeout(Some(" "), default, &d, timeout).unwrap(),
+            default
+        );
+        assert_eq!(
+            liveness_timeout(Some("30s"), default, &d, timeout).unwrap(),
+            Duration::from_secs(30)
+        );
+        let e = liveness_timeout(Some("20s"), default, &d, timeout).unwrap_err();
+        assert!(e.to_string().contains("FGA_RELAY_LIVENESS_TIMEOUT"), "{e}");
+        // A long request timeout makes the default longer rather than refusing to start.
+        let long = DeliverySettings {
+            leader_lease: Duration::from_secs(600),
+            ..DeliverySettings::default()
+        };
+        assert_eq!(
+            liveness_timeout(None, default, &long, Duration::from_secs(300)).unwrap(),
+            Duration::from_secs(2 * 311)
+        );
     }
 
     #[test]

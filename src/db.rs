@@ -14,6 +14,9 @@ pub mod tls;
 
 use crate::config::{ConfigError, DbSettings};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::tls::MakeTlsConnect;
@@ -173,12 +176,81 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<PgConn
     })
 }
 
+/// Where a relay's new connections go, shared by its pool and its dedicated connection: a
+/// SIGHUP replaces it with what `DATABASE_URL_FILE` (or the credential), libpq's password file
+/// and the TLS files say then (see `reload`). Connections already open stay as they are.
+#[derive(Clone)]
+pub struct SharedPg(Arc<RwLock<PgConnect>>);
+
+impl SharedPg {
+    pub fn new(pg: PgConnect) -> SharedPg {
+        SharedPg(Arc::new(RwLock::new(pg)))
+    }
+
+    /// The settings new connections use now.
+    pub fn get(&self) -> PgConnect {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// New connections use `pg` from now on.
+    pub fn set(&self, pg: PgConnect) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = pg;
+    }
+}
+
+type Connecting<'a> = Pin<
+    Box<
+        dyn Future<Output = Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// The pool's way to connect: with what [`SharedPg`] says at that moment, not what it said
+/// when the pool was made.
+struct SharedConnect(SharedPg);
+
+impl deadpool_postgres::Connect for SharedConnect {
+    fn connect(&self, _made_with: &Config) -> Connecting<'_> {
+        let pg = self.0.get();
+        Box::pin(async move {
+            let (client, connection) = pg.config.connect(pg.tls).await?;
+            let driver = tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %describe(&e), "pooled connection failed");
+                }
+            });
+            Ok((client, driver))
+        })
+    }
+}
+
+/// [`pg_config`] for `run` and `drain`: their sessions' settings follow the request timeout (see
+/// [`claim_idle_limit`]).
+pub fn delivery_pg(
+    settings: &DbSettings,
+    application_name: &str,
+    request_timeout: Duration,
+) -> Result<PgConnect, ConfigError> {
+    let mut pg = pg_config(settings, application_name)?;
+    pg.sessions = Sessions::Delivery {
+        idle_in_transaction: claim_idle_limit(request_timeout),
+    };
+    Ok(pg)
+}
+
 /// The pool for short statements: claims, marks and the commands.
 pub fn pool(pg: PgConnect, size: usize) -> Pool {
+    shared_pool(&SharedPg::new(pg), size)
+}
+
+/// [`pool`], whose new connections go where `shared` says at the time.
+pub fn shared_pool(shared: &SharedPg, size: usize) -> Pool {
+    let pg = shared.get();
     let setup = session_setup(pg.sessions, false);
-    let manager = Manager::from_config(
+    let manager = Manager::from_connect(
         pg.config,
-        pg.tls,
+        SharedConnect(shared.clone()),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

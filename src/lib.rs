@@ -33,10 +33,13 @@
 //!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
 //!   comparison (`compare`), the report (`report`), progress and peak memory (`progress`), and
 //!   what it is asked to do (`settings`).
-//! - [`metrics`], [`http`]: Prometheus metrics and the `/healthz` + `/metrics` endpoint;
+//! - [`metrics`], [`http`]: Prometheus metrics and the endpoint (`/livez`, `/readyz`, `/healthz`,
+//!   `/metrics`); [`process_metrics`]: the standard `process_*` metrics, from `/proc`;
 //!   [`latency_window`]: the delivery latency's percentiles since the last summary.
 //! - [`summary`]: the summary log line every minute, and the warning when rows wait too long.
-//! - [`systemd`]: readiness and watchdog under `Type=notify`.
+//! - [`systemd`]: readiness and watchdog under `Type=notify`; [`liveness`]: whether the main
+//!   loop makes progress (`/livez`, and what feeds the watchdog).
+//! - [`reload`]: what a SIGHUP rereads (the settings' files).
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares; [`build_info`]:
 //!   the version and git revision (found by `build.rs`).
 
@@ -52,12 +55,15 @@ pub mod latency_window;
 pub mod leadership;
 pub mod lease_clock;
 pub mod listener;
+pub mod liveness;
 pub mod metrics;
 pub mod openfga;
 pub mod pass_log;
 pub mod payload;
+pub mod process_metrics;
 pub mod reconcile;
 pub mod relay;
+pub mod reload;
 pub mod schema;
 pub mod send_window;
 pub mod settings;

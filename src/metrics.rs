@@ -1,7 +1,10 @@
 //! Metrics, in one registry per relay (so several relays in one test process never mix), served
 //! in Prometheus text format by `http.rs`.
 //!
-//! Labels are bounded: a failure class, never an error message.
+//! Every `fga_relay_*` series carries `table`, the outbox table as `schema.name`, so that the
+//! relays of several outboxes can be told apart (and alerts grouped `by (table)`); the standard
+//! `process_*` metrics (`process_metrics.rs`) do not. Labels are bounded: a failure class, never
+//! an error message.
 
 use crate::latency_window::LatencyHistogram;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -22,6 +25,12 @@ pub struct ClassLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
+}
+
+/// The label of `fga_relay_store_info`: the store's id.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabel {
+    pub store: String,
 }
 
 /// The labels of `fga_relay_build_info`: the crate's version and the git revision.
@@ -49,6 +58,10 @@ pub struct Metrics {
     pub pending_rows: Gauge,
     pub dead_rows: Gauge,
     pub oldest_pending_age_seconds: Gauge<f64, AtomicU64>,
+    /// 1 when the last count of the table (for the three gauges above) succeeded, 0 when it
+    /// failed and they kept their earlier values.
+    pub table_count_ok: Gauge,
+    pub store_info: Family<StoreLabel, Gauge>,
     pub listen_connected: Gauge,
     pub leader: Gauge,
     pub write_window: Gauge,
@@ -61,8 +74,9 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them in `registry` under `fga_relay_`.
-    pub fn new(registry: &mut Registry) -> Metrics {
+    /// Creates the metrics and registers them in `registry` under `fga_relay_`, with the label
+    /// `table` (the outbox table as `schema.name`), beside the process metrics.
+    pub fn new(registry: &mut Registry, table: &str) -> Metrics {
         let m = Metrics {
             rows_delivered: Counter::default(),
             tuples_delivered: Counter::default(),
@@ -72,6 +86,8 @@ impl Metrics {
             pending_rows: Gauge::default(),
             dead_rows: Gauge::default(),
             oldest_pending_age_seconds: Gauge::default(),
+            table_count_ok: Gauge::default(),
+            store_info: Family::default(),
             listen_connected: Gauge::default(),
             leader: Gauge::default(),
             write_window: Gauge::default(),
@@ -87,7 +103,12 @@ impl Metrics {
                 Histogram::new(request_buckets())
             }),
         };
-        let r = registry.sub_registry_with_prefix("fga_relay");
+        registry.register_collector(Box::new(crate::process_metrics::ProcessMetrics));
+        let r = registry
+            .sub_registry_with_prefix("fga_relay")
+            .sub_registry_with_label(("table".into(), table.to_owned().into()));
+        // Before the first count, nothing has failed.
+        m.table_count_ok.set(1);
         let build_info: Family<BuildLabels, Gauge> = Family::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -140,6 +161,19 @@ impl Metrics {
             "oldest_pending_age_seconds",
             "Age of the oldest pending row (0 when none; at the last scrape)",
             m.oldest_pending_age_seconds.clone(),
+        );
+        r.register(
+            "table_count_ok",
+            "1 when the last count of the table (pending_rows, dead_rows, \
+             oldest_pending_age_seconds) succeeded; 0 when it failed, and they show the last \
+             values counted",
+            m.table_count_ok.clone(),
+        );
+        r.register(
+            "store_info",
+            "Always 1; the label says which OpenFGA store the relay writes to (its id, once \
+             known)",
+            m.store_info.clone(),
         );
         r.register(
             "listen_connected",
@@ -204,7 +238,16 @@ impl Metrics {
 
     /// Metrics registered nowhere, for code paths that do not export them (commands, tests).
     pub fn unregistered() -> Metrics {
-        Metrics::new(&mut Registry::default())
+        Metrics::new(&mut Registry::default(), "")
+    }
+
+    /// Says which store the relay writes to.
+    pub fn store(&self, id: &str) {
+        self.store_info
+            .get_or_create(&StoreLabel {
+                store: id.to_owned(),
+            })
+            .set(1);
     }
 
     /// Records how long one OpenFGA request took and how it ended (`ok` or a failure class).
@@ -236,37 +279,50 @@ mod tests {
     #[test]
     fn metrics_render_in_prometheus_text() {
         let mut registry = Registry::default();
-        let m = Metrics::new(&mut registry);
+        let m = Metrics::new(&mut registry, "public.fga_outbox");
         m.rows_delivered.inc_by(3);
         m.failed("transient");
         m.delivery_latency_seconds.observe(0.001);
         m.request("ok", 0.002);
+        m.store("01ARZ3NDEKTSV4RRFFQ69G5FAV");
         let text = render(&registry);
-        assert!(
-            text.contains(&format!(
-                "fga_relay_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+        let t = "table=\"public.fga_outbox\"";
+        for series in [
+            format!(
+                "fga_relay_build_info{{{t},version=\"{}\",revision=\"{}\"}} 1",
                 crate::build_info::VERSION,
                 crate::build_info::REVISION
-            )),
-            "{text}"
-        );
-        assert!(
-            text.contains("fga_relay_openfga_request_duration_seconds_count{outcome=\"ok\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("fga_relay_openfga_request_duration_seconds_bucket{le=\"65.536\",outcome=\"transient\"} 0")
-                || text.contains("fga_relay_openfga_request_duration_seconds_bucket{outcome=\"transient\",le=\"65.536\"} 0"),
-            "{text}"
-        );
-        assert!(text.contains("fga_relay_rows_delivered_total 3"), "{text}");
-        assert!(
-            text.contains("fga_relay_failed_attempts_total{class=\"transient\"} 1"),
-            "{text}"
-        );
+            ),
+            format!("fga_relay_openfga_request_duration_seconds_count{{{t},outcome=\"ok\"}} 1"),
+            format!(
+                "fga_relay_openfga_request_duration_seconds_bucket{{{t},outcome=\"transient\",le=\"65.536\"}} 0"
+            ),
+            format!("fga_relay_rows_delivered_total{{{t}}} 3"),
+            format!("fga_relay_failed_attempts_total{{{t},class=\"transient\"}} 1"),
+            format!("fga_relay_table_count_ok{{{t}}} 1"),
+            format!("fga_relay_store_info{{{t},store=\"01ARZ3NDEKTSV4RRFFQ69G5FAV\"}} 1"),
+        ] {
+            assert!(text.contains(&series), "{series} not in:\n{text}");
+        }
         assert!(
             text.contains("fga_relay_delivery_latency_seconds_bucket"),
             "{text}"
         );
+        // Every fga_relay series says its table; the process metrics (read from /proc, on
+        // Linux) are the process's.
+        for line in text.lines().filter(|l| l.starts_with("fga_relay_")) {
+            assert!(line.contains(t), "{line}");
+        }
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(
+                !cfg!(target_os = "linux") || text.lines().any(|l| l.starts_with(name)),
+                "{name}not in:\n{text}"
+            );
+        }
     }
 }

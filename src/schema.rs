@@ -211,12 +211,14 @@ const COLUMNS: [(&str, &[&str]); 8] = [
 pub async fn check(client: &Client, table: &TableName) -> Result<TableInfo, SchemaProblem> {
     let row = client
         .query_one(
-            "SELECT to_regclass($1)::oid::integer AS oid, to_regclass($2) IS NOT NULL AS leader",
+            "SELECT to_regclass($1)::oid::integer AS oid, to_regclass($2) IS NOT NULL AS leader, \
+             (SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE c.oid = to_regclass($1)) AS schema",
             &[&table.as_str(), &format!("{table}_leader")],
         )
         .await?;
     let oid: Option<i32> = row.get("oid");
-    let Some(oid) = oid else {
+    let (Some(oid), Some(schema)) = (oid, row.get::<_, Option<String>>("schema")) else {
         return Err(SchemaProblem::MissingTable(table.to_string()));
     };
     let columns: Vec<(String, String)> = client
@@ -258,16 +260,22 @@ pub async fn check(client: &Client, table: &TableName) -> Result<TableInfo, Sche
         )
         .await?
         .get(0);
-    Ok(TableInfo { oid, trigger })
+    Ok(TableInfo {
+        oid,
+        trigger,
+        schema,
+    })
 }
 
 /// What [`check`] found.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct TableInfo {
     /// The table's oid as an integer: the second key of the relay's advisory locks.
     pub oid: i32,
     /// Whether the wake-up trigger is installed and enabled.
     pub trigger: bool,
+    /// The schema the connection's `search_path` found it in.
+    pub schema: String,
 }
 
 #[cfg(test)]

@@ -3,9 +3,11 @@
 use super::failure::Failure;
 use super::open::build_relay;
 use crate::config;
+use crate::liveness::Liveness;
 use crate::settings::RelayArgs;
 use clap::Args;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct Drain {
@@ -20,7 +22,8 @@ impl Drain {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let timeout = config::parse_positive_duration("--timeout", &self.timeout)?;
         let (db, fga, delivery) = self.relay.settings()?;
-        let (relay, _) = build_relay(db, fga, delivery, "drain", None).await?;
+        let liveness = Arc::new(Liveness::new(crate::liveness::DEFAULT_TIMEOUT));
+        let (relay, _) = build_relay(db, fga, delivery, "drain", None, liveness).await?;
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
         let left = relay.drain(timeout, shutdown).await;
@@ -35,7 +38,7 @@ impl Drain {
         if left == 0 {
             Ok(ExitCode::SUCCESS)
         } else {
-            eprintln!("fga-relay: {left} row(s) still pending after {timeout:?}");
+            crate::telemetry::error_line(&format!("{left} row(s) still pending after {timeout:?}"));
             Ok(ExitCode::from(1))
         }
     }

@@ -3,6 +3,7 @@
 
 use super::failure::Failure;
 use crate::config::{Auth, DbSettings, DeliverySettings, FgaSettings};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, PreflightError};
 use crate::relay::Relay;
@@ -32,20 +33,22 @@ async fn check_schema(store: &Store) -> Result<schema::TableInfo, Failure> {
 }
 
 /// [`check_schema`] for the daemon: a database that is not up yet (the relay started first, or
-/// is restarting) is waited for, with backoff, until `shutdown`. A missing table is still bad
-/// configuration at once.
+/// is restarting) is waited for, with backoff, until `shutdown`, beating `liveness` at each
+/// attempt (waiting is progress). A missing table is still bad configuration at once.
 async fn wait_for_schema(
     store: &Store,
     shutdown: &CancellationToken,
+    liveness: &Liveness,
 ) -> Result<schema::TableInfo, Failure> {
     const WAIT: crate::backoff::Backoff =
         crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     let mut attempt = 0;
     loop {
+        liveness.beat();
         match check_schema(store).await {
             Err(Failure::Other(e)) if !shutdown.is_cancelled() => {
                 attempt += 1;
-                let wait = WAIT.delay(attempt);
+                let wait = WAIT.delay(attempt).min(liveness.beat_interval());
                 warn!(error = %format!("{e:#}"), retry_in = ?wait, "waiting for PostgreSQL");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
@@ -71,6 +74,7 @@ pub(super) async fn build_relay(
     delivery: DeliverySettings,
     command: &str,
     wait_for_db: Option<&CancellationToken>,
+    liveness: Arc<Liveness>,
 ) -> Result<(Relay, Registry), Failure> {
     let auth = match &fga.auth {
         Auth::None => "none",
@@ -98,18 +102,19 @@ pub(super) async fn build_relay(
         revision = %crate::build_info::REVISION,
         "fga-relay starting"
     );
-    let mut pg = crate::db::pg_config(&db, &format!("fga-relay {command}"))?;
-    pg.sessions = crate::db::Sessions::Delivery {
-        idle_in_transaction: crate::db::claim_idle_limit(fga.request_timeout),
-    };
+    let pg = crate::db::SharedPg::new(crate::db::delivery_pg(
+        &db,
+        &format!("fga-relay {command}"),
+        fga.request_timeout,
+    )?);
     // A connection for each Write in flight (it holds its rows' locks until the answer), and a
     // few for bookkeeping, the metrics endpoint and `drain`'s counts.
     let store = Store::new(
-        crate::db::pool(pg.clone(), delivery.max_in_flight + 3),
+        crate::db::shared_pool(&pg, delivery.max_in_flight + 3),
         db.table.clone(),
     );
     let table = match wait_for_db {
-        Some(shutdown) => wait_for_schema(&store, shutdown).await?,
+        Some(shutdown) => wait_for_schema(&store, shutdown, &liveness).await?,
         None => check_schema(&store).await?,
     };
     if !table.trigger {
@@ -125,7 +130,7 @@ pub(super) async fn build_relay(
         }
     }
     let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
+    let metrics = Metrics::new(&mut registry, &format!("{}.{}", table.schema, db.table));
     let relay = Relay {
         pg,
         db,
@@ -137,6 +142,7 @@ pub(super) async fn build_relay(
         table,
         identity: crate::leadership::identity(),
         systemd: Arc::new(crate::systemd::Notifier::disabled()),
+        liveness,
         terms: Default::default(),
         pooler: Default::default(),
         passes: Default::default(),

@@ -11,6 +11,7 @@
 //! - [`stores`]: the judgement per store (a row's failure, its store's, or the relay's).
 
 use crate::config::DeliverySettings;
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::send_window::SendWindow;
@@ -112,6 +113,9 @@ pub struct Deliverer {
     /// The Writes allowed in flight at once, as TCP's congestion window: halved on 429, 5xx
     /// and timeouts, grown by one per window of successes, up to `max_in_flight`.
     window: f64,
+    /// Told at each step of a pass (a page read, a Write answered): a long pass that moves is
+    /// alive, one stuck on a connection that never answers is not.
+    liveness: Arc<Liveness>,
 }
 
 impl Deliverer {
@@ -121,6 +125,7 @@ impl Deliverer {
         metrics: Metrics,
         settings: DeliverySettings,
         max_tuples: usize,
+        liveness: Arc<Liveness>,
     ) -> Deliverer {
         let window = settings.max_in_flight.max(1) as f64;
         metrics.write_window.set(window as i64);
@@ -136,6 +141,7 @@ impl Deliverer {
             streak: 0,
             recent: VecDeque::new(),
             holds: HashMap::new(),
+            liveness,
         }
     }
 
@@ -188,6 +194,8 @@ impl Deliverer {
             window: window.clone(),
         };
         loop {
+            // Each turn follows a step done: a page read, a Write answered, a Write let leave.
+            self.liveness.beat();
             if gate.is_closed() {
                 launching = false;
             }

@@ -25,7 +25,7 @@
 //!   operation (`Flight::finished_by`, `write.rs`).
 //! - A row that came back from dead never applies an operation over a later delivered row's
 //!   operation on its tuple ([`Deliverer::skip_superseded`], here).
-//! - Only the leader sends, and only while its lease holds (`relay.rs`, `leadership.rs`).
+//! - Only the leader sends, and only while its lease holds (`relay/`, `leadership.rs`).
 
 use super::{Deliverer, PassReport};
 use crate::openfga::Target;

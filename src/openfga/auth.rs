@@ -13,18 +13,38 @@ struct CachedToken {
     refresh_at: Instant,
 }
 
-/// How the client authenticates, and the client-credentials token it holds.
+/// How the client authenticates (replaced when a SIGHUP rereads the token's or the secret's
+/// file), and the client-credentials token it holds.
 pub(super) struct Credentials {
-    pub(super) auth: Auth,
+    auth: std::sync::RwLock<Auth>,
     token: Mutex<Option<CachedToken>>,
 }
 
 impl Credentials {
     pub(super) fn new(auth: Auth) -> Credentials {
         Credentials {
-            auth,
+            auth: std::sync::RwLock::new(auth),
             token: Mutex::new(None),
         }
+    }
+
+    /// How the client authenticates now.
+    pub(super) fn auth(&self) -> Auth {
+        self.auth.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Authenticates with `auth` from the next request on; a cached token, fetched with the
+    /// former secret, is dropped. Returns whether anything changed.
+    pub(super) async fn replace(&self, auth: Auth) -> bool {
+        {
+            let mut current = self.auth.write().unwrap_or_else(|e| e.into_inner());
+            if *current == auth {
+                return false;
+            }
+            *current = auth;
+        }
+        self.forget_token().await;
+        true
     }
 
     /// The Bearer token to send, if any.
@@ -32,7 +52,8 @@ impl Credentials {
         &self,
         http: &reqwest::Client,
     ) -> Result<Option<String>, TokenError> {
-        match &self.auth {
+        let auth = self.auth();
+        match &auth {
             Auth::None => Ok(None),
             Auth::ApiToken(t) => Ok(Some(t.expose().to_owned())),
             Auth::ClientCredentials { .. } => {
@@ -42,7 +63,7 @@ impl Credentials {
                 {
                     return Ok(Some(t.token.expose().to_owned()));
                 }
-                let fresh = self.fetch_token(http).await?;
+                let fresh = Self::fetch_token(&auth, http).await?;
                 let token = fresh.token.expose().to_owned();
                 *cached = Some(fresh);
                 Ok(Some(token))
@@ -55,14 +76,14 @@ impl Credentials {
         *self.token.lock().await = None;
     }
 
-    async fn fetch_token(&self, http: &reqwest::Client) -> Result<CachedToken, TokenError> {
+    async fn fetch_token(auth: &Auth, http: &reqwest::Client) -> Result<CachedToken, TokenError> {
         let Auth::ClientCredentials {
             client_id,
             client_secret,
             token_issuer,
             audience,
             scopes,
-        } = &self.auth
+        } = auth
         else {
             unreachable!("only called for client credentials");
         };

@@ -87,6 +87,12 @@ impl FgaClient {
         })
     }
 
+    /// Authenticates with `auth` from the next request on (a SIGHUP reread the token's or the
+    /// client secret's file). Returns whether it differs from what was in use.
+    pub async fn set_auth(&self, auth: Auth) -> bool {
+        self.credentials.replace(auth).await
+    }
+
     pub(super) fn url(&self, path: &str) -> reqwest::Url {
         let mut url = self.base.clone();
         let base_path = url.path().trim_end_matches('/').to_owned();
@@ -109,7 +115,7 @@ impl FgaClient {
             }
             let resp = req.send().await.map_err(SendError::Http)?;
             if resp.status() == reqwest::StatusCode::UNAUTHORIZED
-                && matches!(self.credentials.auth, Auth::ClientCredentials { .. })
+                && matches!(self.credentials.auth(), Auth::ClientCredentials { .. })
                 && attempt == 0
             {
                 self.credentials.forget_token().await;

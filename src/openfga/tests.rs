@@ -233,4 +233,12 @@ fn retry_after_takes_seconds_or_a_date() {
     assert_eq!(parse_retry_after("100000"), None);
     assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT"), None);
     assert_eq!(parse_retry_after("soon"), None);
+    // A date a minute ahead: about a minute (the clock moves on between the two calls, and
+    // the header has whole seconds).
+    let ahead = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(60));
+    let d = parse_retry_after(&ahead).unwrap_or_else(|| panic!("{ahead} not read"));
+    assert!(
+        d > Duration::from_secs(55) && d <= Duration::from_secs(60),
+        "{ahead}: {d:?}"
+    );
 }

@@ -26,22 +26,33 @@ pub struct DbArgs {
 
 impl DbArgs {
     pub fn settings(&self) -> Result<DbSettings, ConfigError> {
-        let url = SecretSource {
-            setting: "--database-url (DATABASE_URL)",
-            file_setting: "--database-url-file (DATABASE_URL_FILE)",
-            credential: "database-url",
-        }
-        .resolve(
-            self.database_url.as_deref(),
-            self.database_url_file.as_deref(),
-        )?
-        .filter(|s| !s.trim().is_empty());
+        let url = DATABASE_URL
+            .resolve(
+                self.database_url.as_deref(),
+                self.database_url_file.as_deref(),
+            )?
+            .filter(|s| !s.trim().is_empty());
         Ok(DbSettings {
             url: url.map(Secret::new),
             table: table(self.table.as_deref())?,
         })
     }
+
+    /// The connection string's file (a `_FILE` or a systemd credential), if it is read from one.
+    pub fn secret_file(&self) -> Option<String> {
+        DATABASE_URL.file_origin(
+            self.database_url.as_deref(),
+            self.database_url_file.as_deref(),
+        )
+    }
 }
+
+/// The connection string's sources.
+const DATABASE_URL: SecretSource<'static> = SecretSource {
+    setting: "--database-url (DATABASE_URL)",
+    file_setting: "--database-url-file (DATABASE_URL_FILE)",
+    credential: "database-url",
+};
 
 /// The outbox table: `--table`, `FGA_RELAY_OUTBOX_TABLE`, the former `FGA_OUTBOX_TABLE`, or
 /// `fga_outbox`.

@@ -88,18 +88,9 @@ impl FgaArgs {
         let model_id = non_empty(&self.model_id)
             .map(|m| config::check_ulid("--model-id (FGA_MODEL_ID)", m))
             .transpose()?;
-        let api_token = SecretSource {
-            setting: "--api-token (FGA_API_TOKEN)",
-            file_setting: "--api-token-file (FGA_API_TOKEN_FILE)",
-            credential: "fga-api-token",
-        }
-        .resolve(self.api_token.as_deref(), self.api_token_file.as_deref())?;
-        let client_secret = SecretSource {
-            setting: "--client-secret (FGA_CLIENT_SECRET)",
-            file_setting: "--client-secret-file (FGA_CLIENT_SECRET_FILE)",
-            credential: "fga-client-secret",
-        }
-        .resolve(
+        let api_token =
+            API_TOKEN.resolve(self.api_token.as_deref(), self.api_token_file.as_deref())?;
+        let client_secret = CLIENT_SECRET.resolve(
             self.client_secret.as_deref(),
             self.client_secret_file.as_deref(),
         )?;
@@ -165,7 +156,35 @@ impl FgaArgs {
             ca_file,
         })
     }
+
+    /// The settings read from files (a `_FILE` or a systemd credential), by name.
+    pub fn secret_files(&self) -> Vec<String> {
+        [
+            API_TOKEN.file_origin(self.api_token.as_deref(), self.api_token_file.as_deref()),
+            CLIENT_SECRET.file_origin(
+                self.client_secret.as_deref(),
+                self.client_secret_file.as_deref(),
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
+
+/// The preshared key's sources.
+const API_TOKEN: SecretSource<'static> = SecretSource {
+    setting: "--api-token (FGA_API_TOKEN)",
+    file_setting: "--api-token-file (FGA_API_TOKEN_FILE)",
+    credential: "fga-api-token",
+};
+
+/// The OIDC client secret's sources.
+const CLIENT_SECRET: SecretSource<'static> = SecretSource {
+    setting: "--client-secret (FGA_CLIENT_SECRET)",
+    file_setting: "--client-secret-file (FGA_CLIENT_SECRET_FILE)",
+    credential: "fga-client-secret",
+};
 
 /// `--api-scopes a --api-scopes "b c"` (or `FGA_API_SCOPES="a b c"`) as the token request's
 /// `scope`: `a b c`, as the fga CLI sends them.

@@ -27,4 +27,12 @@ impl RelayArgs {
         delivery.check_timing(fga.request_timeout)?;
         Ok((db, fga, delivery))
     }
+
+    /// The settings read from files (a `_FILE` or a systemd credential), by name: what a SIGHUP
+    /// rereads.
+    pub fn secret_files(&self) -> Vec<String> {
+        let mut files: Vec<String> = self.db.secret_file().into_iter().collect();
+        files.extend(self.fga.secret_files());
+        files
+    }
 }

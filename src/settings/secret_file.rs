@@ -45,6 +45,21 @@ impl SecretSource<'_> {
     }
 }
 
+impl SecretSource<'_> {
+    /// Where the secret is read from, when that is a file: the `_FILE` setting, or the systemd
+    /// credential. None when it is given as a value, or not at all.
+    pub fn file_origin(&self, value: Option<&str>, file: Option<&str>) -> Option<String> {
+        let value = value.filter(|s| !s.trim().is_empty());
+        let file = file.filter(|s| !s.trim().is_empty());
+        match (value, file) {
+            (None, Some(_)) => Some(self.file_setting.to_owned()),
+            (None, None) => credential_path(self.credential)
+                .map(|_| format!("the systemd credential {}", self.credential)),
+            (Some(_), _) => None,
+        }
+    }
+}
+
 /// `$CREDENTIALS_DIRECTORY/<name>`, when systemd passed that credential.
 fn credential_path(name: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("CREDENTIALS_DIRECTORY").filter(|d| !d.is_empty())?;

@@ -7,4 +7,5 @@ pub mod pg;
 pub mod pgbouncer;
 pub mod proxy;
 pub mod relay;
+pub mod systemd;
 pub mod tls;

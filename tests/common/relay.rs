@@ -82,6 +82,15 @@ impl Env {
         RelayProc::spawn(c)
     }
 
+    /// Starts a relay with its endpoint on a free port; returns it and the endpoint's base URL.
+    pub async fn spawn_relay_with_endpoint(&self, extra: &[(&str, &str)]) -> (RelayProc, String) {
+        let mut vars = vec![("FGA_RELAY_HTTP_ADDR", "127.0.0.1:0")];
+        vars.extend_from_slice(extra);
+        let relay = self.spawn_relay(&vars);
+        let base = relay.endpoint().await;
+        (relay, base)
+    }
+
     /// Starts a relay and waits until it leads (delivers).
     pub async fn start_relay(&self) -> RelayProc {
         let relay = self.spawn_relay(&[]);
@@ -376,7 +385,7 @@ impl RelayProc {
     /// The base URL of `/healthz` and `/metrics`, from the address the relay logged it bound
     /// (so that `FGA_RELAY_HTTP_ADDR=127.0.0.1:0` can let the system pick a free port).
     pub async fn endpoint(&self) -> String {
-        const SERVING: &str = "serving /healthz and /metrics";
+        const SERVING: &str = "serving /livez, /readyz, /healthz and /metrics";
         self.wait_for_log(SERVING).await;
         let logs = self.logs();
         let addr = logs

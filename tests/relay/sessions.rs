@@ -288,37 +288,15 @@ async fn a_session_that_fails_after_connecting_is_not_reconnected_in_a_busy_loop
 }
 
 /// Under systemd (`WatchdogSec=`, 30 s in the shipped unit), a pass that takes longer than the
-/// watchdog (a backlog behind a slow OpenFGA; a table lock the pass waits on) must still feed
-/// the watchdog: otherwise systemd kills the relay with SIGABRT, and again after each restart,
-/// in the middle of the very backlog it is working through. Here WatchdogSec=4s and a pass
-/// of 30 Writes of 500 ms, one at a time.
+/// watchdog and the liveness timeout (a backlog behind a slow OpenFGA) must still feed the
+/// watchdog: otherwise systemd kills the relay with SIGABRT, and again after each restart, in
+/// the middle of the very backlog it is working through. Each Write answered is progress. Here
+/// WatchdogSec=4s, a liveness timeout of 6 s, and a pass of 30 Writes of 500 ms, one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_longer_than_the_systemd_watchdog_still_feeds_it() {
     let env = Env::start().await;
-    let dir = std::env::temp_dir().join(format!("fga-relay-wd-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let path = dir.join("notify");
-    let _ = std::fs::remove_file(&path);
-    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let fed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (fed, stop) = (fed.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok(n) = socket.recv(&mut buf)
-                    && String::from_utf8_lossy(&buf[..n]).contains("WATCHDOG=1")
-                {
-                    fed.lock().unwrap().push(Instant::now());
-                }
-            }
-        })
-    };
-    // WatchdogSec=6s.
+    let socket = crate::common::systemd::NotifySocket::bind("wd");
+    // WatchdogSec=4s.
     let watchdog = Duration::from_secs(4);
     env.fga.push_fault(FaultRule::times(
         Fault::Delay(Duration::from_millis(500)),
@@ -326,10 +304,11 @@ async fn a_pass_longer_than_the_systemd_watchdog_still_feeds_it() {
     ));
     fill(&env, 30).await;
     let relay = env.spawn_relay(&[
-        ("NOTIFY_SOCKET", path.to_str().unwrap()),
+        ("NOTIFY_SOCKET", socket.path()),
         ("WATCHDOG_USEC", &watchdog.as_micros().to_string()),
         ("FGA_MAX_TUPLES_PER_WRITE", "1"),
         ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+        ("FGA_RELAY_LIVENESS_TIMEOUT", "6s"),
     ]);
     relay.wait_for_log("delivering (leader)").await;
     wait_until(PROMPTLY, "Writes flow", || async {
@@ -341,10 +320,9 @@ async fn a_pass_longer_than_the_systemd_watchdog_still_feeds_it() {
         env.pending().await == 0
     })
     .await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    reader.join().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let fed = fed.lock().unwrap().clone();
+    // Until the drain ended: a watchdog no longer fed is a gap to then.
+    let mut fed = socket.times_of("WATCHDOG=1");
+    fed.push(Instant::now());
     let during: Vec<Duration> = fed
         .windows(2)
         .filter(|w| w[1] > started)
@@ -353,7 +331,7 @@ async fn a_pass_longer_than_the_systemd_watchdog_still_feeds_it() {
     let longest = during.iter().max().copied().unwrap_or_default();
     println!(
         "{} watchdog feeds; longest gap during a {:?} drain: {longest:?}",
-        fed.len(),
+        fed.len() - 1,
         started.elapsed()
     );
     assert!(
@@ -473,8 +451,8 @@ async fn drain_survives_one_lost_pooled_connection() {
 }
 
 /// Two relays on one database, each on the outbox of its own schema (chosen by its role's
-/// `search_path`), each with its own OpenFGA: each delivers its own rows only, and one's
-/// writers do not wake the other.
+/// `search_path`), each with its own OpenFGA: each delivers its own rows only, one's writers do
+/// not wake the other, and their metrics say which table they are about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_on_two_schemas_of_one_database_keep_apart() {
     let env = Env::start().await;
@@ -536,6 +514,15 @@ async fn two_relays_on_two_schemas_of_one_database_keep_apart() {
     );
     assert_eq!(env.fga.tuples().len(), 1, "a delivered only its own row");
     assert_eq!(fga_b.tuples().len(), 20);
+    // Their metrics tell the two outboxes apart: every series names its table, schema first.
+    for (base, table) in [(&base_a, "public.fga_outbox"), (&base_b, "b.fga_outbox")] {
+        let text = crate::common::metrics::scrape_text(base).await;
+        assert_eq!(
+            crate::common::metrics::tables(&text),
+            [table.to_owned()].into(),
+            "{text}"
+        );
+    }
     assert!(
         a1 - a0 <= 2.0,
         "relay a woken {} times by b's rows",

@@ -58,7 +58,8 @@ pub enum Fault {
     /// or when the `Fga` is dropped.
     Hang,
     /// Close the TCP connection without any HTTP response; nothing applied.
-    #[allow(dead_code)] // no test drops a single connection today (`set_refusing` drops them all)
+    /// No test drops a single connection today (`set_refusing` drops them all).
+    #[allow(dead_code)]
     CloseConnection,
     /// Answer with an arbitrary body, as a proxy in front of OpenFGA might; nothing applied.
     Garbage {

@@ -9,11 +9,12 @@
 
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
-use crate::db::PgConnect;
 use crate::db::pooler::PoolerCheck;
+use crate::db::{PgConnect, SharedPg};
 use crate::delivery::{Deliverer, PassReport};
 use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::pass_log::{PassLog, Trigger};
@@ -24,6 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
+
+mod drain;
 
 /// A pass that delivered this many rows or more is not followed by a linger.
 const LINGER_BELOW: u64 = 500;
@@ -47,7 +50,8 @@ const AFTER_ENDING_LEADER: Duration = Duration::from_millis(100);
 
 /// Everything a relay needs, built once by the command line (or a test).
 pub struct Relay {
-    pub pg: PgConnect,
+    /// Where new connections go (replaced by a SIGHUP that rereads `DATABASE_URL_FILE`).
+    pub pg: SharedPg,
     pub db: DbSettings,
     pub fga: FgaSettings,
     pub delivery: DeliverySettings,
@@ -57,8 +61,10 @@ pub struct Relay {
     pub table: TableInfo,
     /// Who this relay is, in the leader record and logs: host, process id.
     pub identity: String,
-    /// systemd's readiness and watchdog (does nothing outside systemd).
+    /// systemd's readiness and status lines (does nothing outside systemd).
     pub systemd: Arc<Notifier>,
+    /// The main loop's sign of life, for `/livez` and systemd's watchdog.
+    pub liveness: Arc<Liveness>,
     /// What this process remembers of its own terms of leadership.
     pub terms: Terms,
     /// Finds a pooler in transaction mode between the relay and PostgreSQL, and stops the
@@ -121,13 +127,13 @@ async fn any_cancelled(tokens: &[&CancellationToken]) {
 }
 
 impl Relay {
-    /// Sleeps for `d`, or until one of `stop` fires (then returns false), feeding the systemd
-    /// watchdog meanwhile: waiting is the main loop's work too.
+    /// Sleeps for `d`, or until one of `stop` fires (then returns false), beating meanwhile:
+    /// waiting is the main loop's work too.
     async fn nap(&self, d: Duration, stop: &[&CancellationToken]) -> bool {
         let until = tokio::time::Instant::now() + d;
         loop {
-            self.systemd.alive();
-            let step = until.min(tokio::time::Instant::now() + self.systemd.feed_interval());
+            self.liveness.beat();
+            let step = until.min(tokio::time::Instant::now() + self.liveness.beat_interval());
             tokio::select! {
                 _ = tokio::time::sleep_until(step) => {}
                 _ = any_cancelled(stop) => return false,
@@ -220,30 +226,22 @@ impl Relay {
         keep_going: &dyn Fn() -> bool,
     ) -> Option<Result<PassReport, StoreError>> {
         let grace = self.delivery.fence(self.fga.request_timeout);
+        // A pass drains the whole backlog, which behind a slow OpenFGA takes longer than the
+        // liveness bound: it beats at each page read and each Write answered, so that a pass that
+        // moves is alive however long it lasts, and one stuck on a connection that never answers
+        // is not.
         let pass = deliverer.pass(keep_going, session.send_window());
         let given_up = async {
             session.lost().cancelled().await;
             tokio::time::sleep(grace).await;
         };
-        tokio::pin!(pass, given_up);
-        // A pass drains the whole backlog, which behind a slow OpenFGA (or a table lock) takes
-        // longer than systemd's watchdog allows: fed while the session holds, the relay is not
-        // killed mid-drain (and again after each restart).
-        let mut feed = tokio::time::interval(self.systemd.feed_interval());
-        loop {
-            tokio::select! {
-                r = &mut pass => return Some(r),
-                _ = &mut given_up => {
-                    warn!("a pass did not end after the connection was lost; giving it up");
-                    *locked(&self.terms.carry) = None;
-                    self.store.pool().retain(|_, _| false);
-                    return None;
-                }
-                _ = feed.tick() => {
-                    if !session.is_lost() {
-                        self.systemd.alive();
-                    }
-                }
+        tokio::select! {
+            r = pass => Some(r),
+            _ = given_up => {
+                warn!("a pass did not end after the connection was lost; giving it up");
+                *locked(&self.terms.carry) = None;
+                self.store.pool().retain(|_, _| false);
+                None
             }
         }
     }
@@ -251,8 +249,8 @@ impl Relay {
     /// The dedicated connection's settings: the relay's, named apart so operators (and tests)
     /// can tell it from the pool's connections in `pg_stat_activity`.
     fn listener_config(&self) -> PgConnect {
-        self.pg
-            .named(&format!("{} listener", self.pg.application_name()))
+        let pg = self.pg.get();
+        pg.named(&format!("{} listener", pg.application_name()))
     }
 
     fn deliverer(&self) -> Deliverer {
@@ -262,17 +260,25 @@ impl Relay {
             self.metrics.clone(),
             self.delivery.clone(),
             self.fga.max_tuples_per_write,
+            self.liveness.clone(),
         )
     }
 
     /// The daemon: until `shutdown` fires, keep a dedicated connection, lead or stand by, and
     /// deliver. Returns once the batch in flight is finished and leadership released.
-    pub async fn run(&self, shutdown: CancellationToken, ready: impl Fn(bool)) {
+    /// `listening` is told the session's `lost` token while it is up, and `None` once it is
+    /// given up.
+    pub async fn run(
+        &self,
+        shutdown: CancellationToken,
+        listening: impl Fn(Option<CancellationToken>),
+    ) {
         self.pooler.stops(&shutdown);
         let mut deliverer = self.deliverer();
         let mut failures = 0u32;
         let mut connected_before = false;
         while !shutdown.is_cancelled() {
+            self.liveness.beat();
             let session = match self.connect(true).await {
                 Ok(s) => s,
                 Err(e) => {
@@ -298,7 +304,7 @@ impl Relay {
             }
             connected_before = true;
             self.metrics.listen_connected.set(1);
-            ready(true);
+            listening(Some(session.lost().clone()));
             self.systemd.ready("LISTEN connection up");
 
             let end = match self.stand_by(&session, &shutdown).await {
@@ -308,7 +314,7 @@ impl Relay {
             };
             self.metrics.leader.set(0);
             self.metrics.listen_connected.set(0);
-            ready(false);
+            listening(None);
             match end {
                 LeadEnd::Shutdown => break,
                 LeadEnd::Lost => {
@@ -482,7 +488,7 @@ impl Relay {
         // before, so that the first claim does not wait for it.
         let mut holding_wake_lock = false;
         loop {
-            self.systemd.alive();
+            self.liveness.beat();
             let notifications_before = self.metrics.notifications.get();
             let pass = if holding_wake_lock {
                 holding_wake_lock = false;
@@ -610,7 +616,7 @@ impl Relay {
             };
             tokio::pin!(retry);
             trigger = loop {
-                self.systemd.alive();
+                self.liveness.beat();
                 tokio::select! {
                     // A notification that comes with a sweep tick explains the rows: checked
                     // first, so that the sweep is credited only with rows nothing announced.
@@ -620,7 +626,7 @@ impl Relay {
                     _ = &mut retry => break Trigger::Again,
                     _ = shutdown.cancelled() => break Trigger::Again,
                     _ = session.lost().cancelled() => break Trigger::Again,
-                    _ = tokio::time::sleep(self.systemd.feed_interval()) => {}
+                    _ = tokio::time::sleep(self.liveness.beat_interval()) => {}
                 }
             };
             if session.is_lost() {
@@ -667,44 +673,6 @@ impl Relay {
         self.passes.account(&self.metrics, trigger, report);
     }
 
-    /// `fga-relay drain`: delivers every row pending at the start, itself if it can lead,
-    /// otherwise by waiting for the relay that leads. Returns how many of those rows are still
-    /// pending at the end (0 is success). Leadership, if taken, is let go on every way out,
-    /// errors included.
-    pub async fn drain(
-        &self,
-        timeout: Duration,
-        shutdown: CancellationToken,
-    ) -> Result<i64, crate::store::StoreError> {
-        self.pooler.stops(&shutdown);
-        let timer = CancellationToken::new();
-        {
-            let timer = timer.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(timeout).await;
-                timer.cancel();
-            });
-        }
-        let Some(target) = self.store.max_pending_id().await? else {
-            info!("nothing pending");
-            return Ok(0);
-        };
-        let mut session: Option<Session> = None;
-        let mut term: Option<Term> = None;
-        let result = self
-            .drain_through(target, &shutdown, &timer, &mut session, &mut term)
-            .await;
-        if let (Some(s), Some(term)) = (session.as_ref(), term.as_ref()) {
-            if s.is_lost() {
-                error!("lost the connection while leading");
-            } else {
-                self.end_term(s, term).await;
-            }
-        }
-        result?;
-        self.store.pending_through(target).await
-    }
-
     /// Waits out a database error of a pass (`run` and `drain`): logged, with backoff. False if
     /// `stop` fired meanwhile.
     async fn db_backoff(
@@ -717,129 +685,5 @@ impl Relay {
         let wait = DB_BACKOFF.delay(*failures);
         warn!(error = %e, retry_in = ?wait, "database error while draining");
         self.nap(wait, stop).await
-    }
-
-    /// The loop of [`Relay::drain`]; `term` is set while it leads on `session`.
-    async fn drain_through(
-        &self,
-        target: i64,
-        shutdown: &CancellationToken,
-        timer: &CancellationToken,
-        session: &mut Option<Session>,
-        term: &mut Option<Term>,
-    ) -> Result<(), crate::store::StoreError> {
-        let at_start = self.store.pending_through(target).await?;
-        info!(
-            rows = at_start,
-            through_id = target,
-            "draining the rows pending now"
-        );
-        let mut deliverer = self.deliverer();
-        let mut waiting_logged = false;
-        let mut db_failures = 0u32;
-        // A lost pooled connection, a server restarting: waited out until the timeout, as `run`
-        // does, rather than ending the drain long before it. A missing table or privilege, or a
-        // read-only server, ends it.
-        let ride_out = |e: &crate::store::StoreError| {
-            // First: a pooler's signs (42P05 among them) are also errors no waiting fixes.
-            !self.pooled(e)
-                && e.is_retryable()
-                && !e.is_read_only()
-                && !timer.is_cancelled()
-                && !shutdown.is_cancelled()
-        };
-        loop {
-            let left = match self.store.pending_through(target).await {
-                Ok(left) => left,
-                Err(e) if ride_out(&e) => {
-                    // Stopped meanwhile: the loop's next look says so.
-                    self.db_backoff(&e, &mut db_failures, &[shutdown, timer])
-                        .await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if left == 0 {
-                info!(rows = at_start, "drained");
-                return Ok(());
-            }
-            if timer.is_cancelled() || shutdown.is_cancelled() {
-                warn!(left, "rows still pending at the timeout");
-                return Ok(());
-            }
-            if session.as_ref().is_none_or(Session::is_lost) {
-                if let Some(old) = session.take() {
-                    self.abandon(&old);
-                }
-                *term = None;
-                *session = self
-                    .connect(false)
-                    .await
-                    .map_err(|e| {
-                        self.pooler.check(&e);
-                        warn!(error = %crate::db::describe(&e), "cannot connect")
-                    })
-                    .ok();
-            }
-            let Some(s) = session.as_ref() else {
-                self.nap(Duration::from_millis(200), &[shutdown, timer])
-                    .await;
-                continue;
-            };
-            if term.is_none() {
-                let taken = s.try_lead().await.map_err(|e| self.pooler.check(&e));
-                match taken.ok().flatten() {
-                    Some(taken) => {
-                        let (t, waited) =
-                            self.begin_term(taken, &[shutdown, timer, s.lost()]).await;
-                        *term = Some(t);
-                        if !waited {
-                            continue;
-                        }
-                        deliverer.forget();
-                    }
-                    None => {
-                        if !waiting_logged {
-                            info!("another relay is delivering; waiting for it");
-                            waiting_logged = true;
-                        }
-                        self.nap(Duration::from_millis(100), &[shutdown, timer])
-                            .await;
-                        continue;
-                    }
-                }
-            }
-            let keep_going = || {
-                !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost() && s.lease_valid()
-            };
-            let Some(report) = self.guarded_pass(&mut deliverer, s, &keep_going).await else {
-                continue;
-            };
-            let report = match report {
-                Ok(report) => {
-                    db_failures = 0;
-                    report
-                }
-                Err(e) if ride_out(&e) => {
-                    // Stopped meanwhile: the loop's next look says so.
-                    self.db_backoff(&e, &mut db_failures, &[shutdown, timer])
-                        .await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            self.account(Trigger::Again, &report);
-            let wait = report.wait.or_else(|| {
-                (!report.did_work()).then(|| {
-                    report
-                        .next_due
-                        .map(|at| at.saturating_duration_since(Instant::now()))
-                        .unwrap_or(Duration::from_millis(50))
-                })
-            });
-            if let Some(w) = wait {
-                self.nap(w, &[shutdown, timer]).await;
-            }
-        }
     }
 }

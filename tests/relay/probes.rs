@@ -1,0 +1,188 @@
+//! The probes an orchestrator asks: `/livez` (the main loop makes progress; PostgreSQL is not
+//! asked), `/readyz` (PostgreSQL and the LISTEN connection are up; `leader` or `standby`), and
+//! `/healthz` (the LISTEN connection is up).
+
+use crate::common::fga::Fga;
+use crate::common::metrics::get;
+use crate::common::pg::PROMPTLY;
+use crate::common::proxy::{proxy_for, tcp_db, tcp_url};
+use crate::common::relay::{Env, tk, wait_until, writes};
+use crate::common::systemd::NotifySocket;
+use std::time::{Duration, Instant};
+
+/// The shortest `--liveness-timeout` the tests' settings allow is 5 s (a 2 s request timeout, its
+/// 1 s margin, two 1 s heartbeats): a little above it.
+const LIVENESS_TIMEOUT: &str = "6s";
+const LIVENESS: Duration = Duration::from_secs(6);
+
+/// Both relays' `/readyz` bodies, when both answer 200.
+async fn roles(bases: &[&str]) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for base in bases {
+        let (status, body) = get(&format!("{base}/readyz")).await;
+        if status != 200 {
+            return None;
+        }
+        out.push(body.trim().to_owned());
+    }
+    out.sort();
+    Some(out)
+}
+
+/// Samples each relay's probes through an outage longer than the liveness timeout: `/livez`
+/// answers 200 throughout, `/readyz` and the path given 503.
+async fn live_and_not_ready_through_an_outage(relays: &[(&str, &str)], logs: impl Fn() -> String) {
+    let down = Instant::now();
+    while down.elapsed() < LIVENESS + Duration::from_secs(2) {
+        for (base, also_down) in relays {
+            assert_eq!(
+                get(&format!("{base}/livez")).await.0,
+                200,
+                "not live {:?} into a database outage; logs:\n{}",
+                down.elapsed(),
+                logs()
+            );
+            assert_eq!(get(&format!("{base}/readyz")).await.0, 503);
+            assert_eq!(get(&format!("{base}{also_down}")).await.0, 503);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A leader and a standby say so on `/readyz`. PostgreSQL stopped for longer than the liveness
+/// timeout: neither is ready, both stay live (the loop waits the outage out, and a restart would
+/// not help); once it is back, both are ready again, one leading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_leader_or_standby_and_a_database_outage_is_live_not_ready() {
+    let env = Env::start().await;
+    let vars = [("FGA_RELAY_LIVENESS_TIMEOUT", LIVENESS_TIMEOUT)];
+    let (leader, base) = env.spawn_relay_with_endpoint(&vars).await;
+    leader.wait_for_log("delivering (leader)").await;
+    let (standby, standby_base) = env.spawn_relay_with_endpoint(&vars).await;
+    standby.wait_for_log("standing by").await;
+    assert_eq!(get(&format!("{base}/livez")).await, (200, "alive\n".into()));
+    assert_eq!(
+        get(&format!("{base}/readyz")).await,
+        (200, "leader\n".into())
+    );
+    assert_eq!(
+        get(&format!("{standby_base}/readyz")).await,
+        (200, "standby\n".into())
+    );
+
+    env.db.stop_immediately();
+    wait_until(PROMPTLY, "neither relay is ready", || async {
+        get(&format!("{base}/readyz")).await.0 == 503
+            && get(&format!("{standby_base}/readyz")).await.0 == 503
+    })
+    .await;
+    live_and_not_ready_through_an_outage(
+        &[(&base, "/healthz"), (&standby_base, "/healthz")],
+        || leader.logs(),
+    )
+    .await;
+
+    env.db.restart_after_stop();
+    wait_until(PROMPTLY, "both ready again, one leading", || async {
+        roles(&[&base, &standby_base]).await == Some(vec!["leader".into(), "standby".into()])
+    })
+    .await;
+    let id = env
+        .insert(writes(&[tk("user:after", "viewer", "document:1")]))
+        .await;
+    // The new leader first waits out the fence of the session the outage ended (7 s here).
+    wait_until(PROMPTLY * 3, "a row delivered after the outage", || async {
+        env.row(id).await.delivered
+    })
+    .await;
+}
+
+/// A relay started while PostgreSQL is down serves its probes at once: live throughout the wait
+/// (longer than the liveness timeout), not ready, no metrics yet; ready and leading once
+/// PostgreSQL is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_postgres_is_down_is_live_and_not_ready() {
+    let env = Env::start().await;
+    env.db.stop_immediately();
+    let (relay, base) = env
+        .spawn_relay_with_endpoint(&[("FGA_RELAY_LIVENESS_TIMEOUT", LIVENESS_TIMEOUT)])
+        .await;
+    relay.wait_for_log("waiting for PostgreSQL").await;
+    live_and_not_ready_through_an_outage(&[(&base, "/metrics")], || relay.logs()).await;
+    env.db.restart_after_stop();
+    wait_until(PROMPTLY, "ready, leading", || async {
+        get(&format!("{base}/readyz")).await == (200, "leader\n".into())
+    })
+    .await;
+    assert_eq!(get(&format!("{base}/metrics")).await.0, 200);
+}
+
+/// The relay's pooled connections freeze (no byte passes, nothing is closed) while its LISTEN
+/// connection stays healthy: the next pass waits forever for a claim. `/healthz` and `/readyz`
+/// still say 200 (the LISTEN connection answers its heartbeats), `/livez` turns 503 once the
+/// liveness timeout has passed without progress, the log says why, and systemd's watchdog
+/// (`WatchdogSec=2s` here) is no longer fed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_main_loop_stuck_on_a_frozen_connection_is_not_live() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let systemd = NotifySocket::bind("stuck");
+    let (relay, base) = env
+        .spawn_relay_with_endpoint(&[
+            ("DATABASE_URL", url.as_str()),
+            ("FGA_RELAY_LIVENESS_TIMEOUT", LIVENESS_TIMEOUT),
+            ("NOTIFY_SOCKET", systemd.path()),
+            ("WATCHDOG_USEC", "2000000"),
+        ])
+        .await;
+    relay.wait_for_log("delivering (leader)").await;
+    let first = env
+        .insert(writes(&[tk("user:first", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(first).await;
+    // The pool's connections (the listener's application_name goes on with " listener").
+    assert!(
+        proxy.freeze_named("fga-relay run\0") >= 1,
+        "a pooled connection"
+    );
+    let stuck = env
+        .insert(writes(&[tk("user:stuck", "viewer", "document:2")]))
+        .await;
+    wait_until(LIVENESS * 3, "livez says 503", || async {
+        get(&format!("{base}/livez")).await.0 == 503
+    })
+    .await;
+    assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
+    assert_eq!(
+        get(&format!("{base}/readyz")).await,
+        (200, "leader\n".into())
+    );
+    assert!(!env.row(stuck).await.delivered);
+    relay.wait_for_log("the main loop is stuck").await;
+    // Fed while the loop made progress, not since: watched over two watchdog intervals.
+    let stuck_seen = Instant::now();
+    assert!(!systemd.times_of("READY=1").is_empty());
+    assert!(!systemd.times_of("WATCHDOG=1").is_empty());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let late = systemd
+        .times_of("WATCHDOG=1")
+        .into_iter()
+        .filter(|t| *t > stuck_seen + Duration::from_millis(500))
+        .count();
+    assert_eq!(late, 0, "the watchdog was fed while /livez said 503");
+}
+
+/// A liveness timeout shorter than a step the relay takes by design is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_liveness_timeout_below_the_longest_step_exits_2() {
+    let env = Env::start().await;
+    let out = env
+        .command(&["run"])
+        .env("FGA_RELAY_LIVENESS_TIMEOUT", "4s")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("FGA_RELAY_LIVENESS_TIMEOUT"), "{stderr}");
+}
