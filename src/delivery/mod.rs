@@ -244,20 +244,25 @@ impl Deliverer {
                     break;
                 };
                 // A Write to a store rows name that its rows in the queue fill less than half
-                // (rows spread over many stores): that store's next rows are read ahead, and it
-                // is planned again with them.
+                // (rows spread over many stores): that store's next rows are read ahead, as many
+                // as fill the Write at the plan's operations per row (more would stay in the
+                // queue, and a queue full of such leftovers reads ahead for no other store), and
+                // it is planned again with them. With the queue full, the Write goes as it is.
                 if let Some(store) = plan.target.store.clone()
                     && plan.room
                     && !exhausted
                     && plan.n_ops() * 2 < self.max_tuples
                     && !ahead.done(&store)
+                    && queue.len() < read::AHEAD_PAGES * batch
                 {
+                    let per_row = plan.n_ops().div_ceil(plan.rows.len().max(1)).max(1);
+                    let want = (self.max_tuples - plan.n_ops()).div_ceil(per_row).max(1);
                     Self::requeue(&mut queue, plan.into_rows());
                     let read = self
                         .read_ahead(
                             &store,
                             from,
-                            self.max_tuples,
+                            want,
                             &mut ahead,
                             &mut queue,
                             &mut blocked,

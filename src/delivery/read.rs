@@ -23,7 +23,7 @@ const UNRESOLVED_STORE_WAIT: Duration = Duration::from_secs(1);
 
 /// The queue is not grown by reading ahead past this many pages' worth of rows: what a pass
 /// holds in memory stays bounded however many stores its rows name.
-const AHEAD_PAGES: usize = 8;
+pub(super) const AHEAD_PAGES: usize = 8;
 
 /// What a pass has read ahead, per store rows name: the last id read, and whether the store
 /// had no more pending rows then.
@@ -205,8 +205,8 @@ impl Deliverer {
 
     /// Reads ahead the next pending rows of `store` (a store rows name), from `from` (the
     /// pass's next page) or past what was read ahead for it before, into the queue, for its
-    /// Write: at most `limit`, and only while the queue holds fewer than [`AHEAD_PAGES`]
-    /// pages. Returns how many rows were read.
+    /// Write: at most `limit` (the caller reads ahead only while the queue holds fewer than
+    /// [`AHEAD_PAGES`] pages). Returns how many rows were read.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn read_ahead(
         &mut self,
@@ -218,11 +218,7 @@ impl Deliverer {
         blocked: &mut HashSet<u64>,
         report: &mut PassReport,
     ) -> Result<usize, StoreError> {
-        if ahead.done(store) || queue.len() >= AHEAD_PAGES * self.settings.batch_size.max(1) {
-            ahead.0.insert(
-                store.clone(),
-                (ahead.0.get(store).map_or(i64::MIN, |a| a.0), true),
-            );
+        if ahead.done(store) {
             return Ok(0);
         }
         let start = match ahead.0.get(store) {
