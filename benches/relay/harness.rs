@@ -39,6 +39,17 @@ pub(crate) struct Bench {
     pub(crate) perf: std::sync::Mutex<Option<PathBuf>>,
 }
 
+/// The pid of the postmaster serving `client`: its session's parent.
+async fn postmaster_of(client: &Client) -> Result<u32> {
+    let backend: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    proc_stat(backend as u32)
+        .map(|s| s.ppid)
+        .context("the postmaster's pid")
+}
+
 impl Bench {
     /// A store of its own on a real OpenFGA over [`Bench::fga_db`], behind the tests' proxy.
     pub(crate) fn fga(&self) -> Fga {
@@ -63,26 +74,12 @@ impl Bench {
             .await
             .context("set up the bench's database")?;
         let relay_url = db.url().replace("user=postgres", "user=fga_relay");
-        let backend: i32 = admin
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0);
-        let postmaster = proc_stat(backend as u32)
-            .map(|s| s.ppid)
-            .context("the postmaster's pid")?;
+        let postmaster = postmaster_of(&admin).await?;
         let fga_db = TestDb::start_with(PgOptions {
             durable: true,
             ..PgOptions::default()
         });
-        let backend: i32 = fga_db
-            .connect()
-            .await
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0);
-        let fga_postmaster = proc_stat(backend as u32)
-            .map(|s| s.ppid)
-            .context("the postmaster's pid")?;
+        let fga_postmaster = postmaster_of(&fga_db.connect().await).await?;
         let bench = Bench {
             db,
             fga_db,
