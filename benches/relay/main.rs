@@ -4,8 +4,8 @@
 //! loopback or Unix sockets and stops by itself.
 //!
 //! ```sh
-//! cargo bench --bench relay                 # everything, about 12 minutes
-//! cargo bench --bench relay -- --smoke      # tiny sizes, seconds: does it still run?
+//! cargo bench --bench relay                 # everything (burn-downs are bound by OpenFGA)
+//! cargo bench --bench relay -- --smoke      # tiny sizes, minutes: does it still run?
 //! cargo bench --bench relay -- --only latency,burndown --backlog 50000
 //! cargo bench --bench relay -- --help
 //! ```
