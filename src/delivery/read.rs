@@ -116,7 +116,10 @@ impl Deliverer {
     ) -> Result<Vec<i64>, StoreError> {
         let now = Instant::now();
         let mut ids = Vec::with_capacity(rows.len());
-        let mut unresolved = false;
+        // The configured store's id, looked up at the first row naming a store (resolved from
+        // --store-name at the first need, so asked once a call at most); rows naming none go
+        // to it without it.
+        let mut configured: Option<Option<String>> = None;
         for row in rows {
             let parsed = match &row.payload {
                 Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
@@ -143,26 +146,25 @@ impl Deliverer {
                 continue;
             }
             // A row naming a store is keyed by it, unless it names the configured one, which
-            // must be known for that (resolved from --store-name at the first need).
-            let configured = match (&payload.store, self.client.configured_store_id()) {
-                (None, known) => known.map(str::to_owned),
-                (Some(_), Some(id)) => Some(id.to_owned()),
-                (Some(_), None) if !unresolved => {
-                    let id = self.client.store_id().await.ok().map(str::to_owned);
-                    // Asked once a page at most.
-                    unresolved = id.is_none();
-                    id
+            // must be known for that.
+            let target = match &payload.store {
+                None => Target::of(None, payload.model.as_ref(), ""),
+                Some(_) => {
+                    if configured.is_none() {
+                        configured = Some(match self.client.configured_store_id() {
+                            Some(id) => Some(id.to_owned()),
+                            None => self.client.store_id().await.ok().map(str::to_owned),
+                        });
+                    }
+                    let Some(Some(id)) = &configured else {
+                        // Which store it is cannot be told yet: looked at again soon.
+                        report.held += 1;
+                        report.due(now + UNRESOLVED_STORE_WAIT);
+                        continue;
+                    };
+                    Target::of(payload.store.as_ref(), payload.model.as_ref(), id)
                 }
-                (Some(_), None) => None,
             };
-            let Some(configured) = configured.or_else(|| payload.store.is_none().then(String::new))
-            else {
-                // Which store it is cannot be told yet: looked at again soon.
-                report.held += 1;
-                report.due(now + UNRESOLVED_STORE_WAIT);
-                continue;
-            };
-            let target = Target::of(payload.store.as_ref(), payload.model.as_ref(), &configured);
             let hashes: Vec<u64> = payload
                 .ops
                 .iter()
