@@ -72,3 +72,4 @@ pub mod store;
 pub mod summary;
 pub mod systemd;
 pub mod telemetry;
+pub mod wake;

@@ -4,31 +4,9 @@
 
 use crate::delivery::PassReport;
 use crate::metrics::Metrics;
+pub use crate::wake::Trigger;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::{debug, info, warn};
-
-/// Why the relay ran a pass: a sweep pass that finds rows means notifications were missed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trigger {
-    /// The first pass after taking leadership (a start or a reconnect).
-    Connect,
-    Notification,
-    Sweep,
-    /// The pass before found work, or a retry came due.
-    Again,
-}
-
-impl Trigger {
-    /// The word logged for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Connect => "leadership",
-            Trigger::Notification => "notification",
-            Trigger::Sweep => "sweep",
-            Trigger::Again => "again",
-        }
-    }
-}
 
 /// What this process has said about its passes so far.
 #[derive(Default)]

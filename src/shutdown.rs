@@ -45,3 +45,16 @@ async fn next(term: &mut Signal, int: &mut Signal) -> (&'static str, i32) {
         _ = int.recv() => ("SIGINT", SECOND_SIGINT_EXIT),
     }
 }
+
+/// Resolves when the first of `tokens` is cancelled (never, for none).
+pub async fn any_cancelled(tokens: &[&CancellationToken]) {
+    let mut waits: Vec<_> = tokens.iter().map(|t| Box::pin(t.cancelled())).collect();
+    std::future::poll_fn(|cx| {
+        if waits.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}

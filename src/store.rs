@@ -16,8 +16,8 @@ pub struct ClaimedRow {
     pub payload: Result<String, String>,
     pub created_at: SystemTime,
     pub attempts: i32,
-    /// It came back from dead (`retried_at` set): its operations may be superseded.
-    pub retried: bool,
+    /// When it came back from dead (`retried_at`), if it did: its operations may be superseded.
+    pub retried: Option<SystemTime>,
 }
 
 /// Counts by state, as `status` prints them.
@@ -59,6 +59,7 @@ struct Queries {
     claim: String,
     claim_locked: String,
     claim_store: String,
+    refresh: String,
     lock: String,
     mark_delivered: String,
     record_failure: String,
@@ -91,6 +92,7 @@ impl Store {
             claim: r(include_str!("../sql/queries/claim.sql")),
             claim_locked: r(include_str!("../sql/queries/claim_locked.sql")),
             claim_store: r(include_str!("../sql/queries/claim_store.sql")),
+            refresh: r(include_str!("../sql/queries/refresh.sql")),
             lock: r(include_str!("../sql/queries/lock.sql")),
             mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
             record_failure: r(include_str!("../sql/queries/record_failure.sql")),
@@ -140,41 +142,44 @@ impl Store {
         client.prepare_cached(&self.q.mark_delivered).await
     }
 
-    /// Reads the page of pending rows from id `from` on (nothing locked).
+    /// Reads the lowest pending rows not among `held` (the ids the relay holds), leaving out the
+    /// rows of the stores `closed` names (`""`: the rows naming none), nothing locked.
     pub async fn claim(
         &self,
         tx: &impl GenericClient,
-        from: i64,
+        held: &[i64],
+        closed: &[&str],
         limit: i64,
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim).await?;
-        Self::claimed(tx.query(&stmt, &[&from, &limit]).await?)
+        Self::claimed(tx.query(&stmt, &[&held, &closed, &limit]).await?)
     }
 
-    /// Reads ahead the pending rows of `store` (a store rows name) from id `from` on (nothing
-    /// locked).
+    /// Reads ahead the lowest pending rows of `store` (a store rows name) not among `held`
+    /// (nothing locked).
     pub async fn claim_store(
         &self,
         tx: &impl GenericClient,
         store: &str,
-        from: i64,
+        held: &[i64],
         limit: i64,
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim_store).await?;
-        Self::claimed(tx.query(&stmt, &[&store, &from, &limit]).await?)
+        Self::claimed(tx.query(&stmt, &[&store, &held, &limit]).await?)
     }
 
-    /// Opens a transaction on `conn` and reads the page of pending rows from id `from` on in it,
-    /// locked as a Write's rows are (claim_locked.sql). `None` when another session holds one
-    /// of them: the transaction is then rolled back.
+    /// Opens a transaction on `conn` and reads the lowest pending rows in it as [`Store::claim`]
+    /// does, locked as a Write's rows are (claim_locked.sql). `None` when another session holds
+    /// one of them: the transaction is then rolled back.
     pub async fn claim_locked(
         &self,
         conn: &deadpool_postgres::Client,
-        from: i64,
+        held: &[i64],
+        closed: &[&str],
         limit: i64,
     ) -> Result<Option<Vec<ClaimedRow>>, tokio_postgres::Error> {
         let stmt = conn.prepare_cached(&self.q.claim_locked).await?;
-        match Self::begin_and_query(conn, &stmt, &[&from, &limit]).await {
+        match Self::begin_and_query(conn, &stmt, &[&held, &closed, &limit]).await {
             Ok(rows) => Self::claimed(rows).map(Some),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
                 conn.batch_execute("ROLLBACK").await?;
@@ -182,6 +187,27 @@ impl Store {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// What has become of rows a Write could not lock: those still pending, with their payloads
+    /// as they are now (refresh.sql).
+    pub async fn refresh(
+        &self,
+        tx: &impl GenericClient,
+        ids: &[i64],
+    ) -> Result<Vec<(i64, Result<String, String>)>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.refresh).await?;
+        tx.query(&stmt, &[&ids])
+            .await?
+            .into_iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0)?,
+                    r.try_get::<_, String>(1)
+                        .map_err(|e| format!("the payload cannot be read: {e}")),
+                ))
+            })
+            .collect()
     }
 
     /// Opens a transaction on `conn` and runs `stmt` in it, in one round trip: tokio-postgres

@@ -2,18 +2,20 @@
 //! letters) and for the relay (backoff, the window).
 //!
 //! - Transient, for a Write of several rows: the relay cannot tell an outage from one bad row,
-//!   so it backs off as a whole and the rows of that Write are next sent in Writes half as large.
+//!   so it holds the Write's store (its lane, see `lanes.rs`) and the rows of that Write are next
+//!   sent in Writes half as large.
 //!   When a smaller Write succeeds it was not an outage, and the halving finds the culprit.
 //! - Transient, for a row alone: its failure is compared with everyone's. If other Writes
 //!   succeeded since its previous failure and nearly all the other Writes of the last minute
-//!   succeeded (at least four, at most a quarter failed), the failure is the row's own, a
-//!   *strike*: the row is held with its own backoff while the others flow, and after
-//!   `max_attempts` strikes it is dead-lettered. Otherwise the failure hits other rows too (an
-//!   outage, a flaky or overloaded server): the whole relay backs off, the row is held just past
-//!   that wait so that the others are tried first, and nothing counts toward dead-lettering.
+//!   succeeded (at least four, at most a quarter failed; Writes to its own store only), the
+//!   failure is the row's own, a *strike*: the row is held with its own backoff while the others
+//!   flow, and after `max_attempts` strikes it is dead-lettered. Otherwise the failure hits
+//!   other rows too (an outage, a flaky or overloaded server): its store is held, the row just
+//!   past that wait so that the others are tried first, and nothing counts toward
+//!   dead-lettering.
 //! - Throttled (429): never the rows' fault. Nothing is halved and nothing is a strike; the
-//!   whole relay waits for `Retry-After` (or its own backoff) and sends the same rows again.
-//!   A `Retry-After` sent with any other failure is waited for too, on every path.
+//!   store waits for `Retry-After` (or its own backoff) and sends the same rows again. A
+//!   `Retry-After` sent with any other failure is waited for too, on every path, by its store.
 //! - The store or model the rows name does not exist (a row's `store_id` or
 //!   `authorization_model_id`): every row of the Write is dead-lettered with OpenFGA's answer.
 //! - Permanent for one operation (`Invalid tuple …`, a condition conflict): that row is
@@ -22,9 +24,9 @@
 //!   operation counts as done. A row whose last operation it was is marked delivered in that
 //!   Write's transaction, before anything releases its tuples.
 //! - A row that cannot be dead-lettered when given up on (another session holds it) stays
-//!   pending and blocks its tuples, as any row the pass could not take.
+//!   pending in the queue, held back briefly, and keeps its tuples.
 //! - Configuration (auth, store, model, garbage answers, a proxy's refusal): loud error, and the
-//!   whole relay backs off slowly. A proxy may refuse only the Writes carrying one row's content
+//!   store is held with a slow backoff (every store, when the settings are wrong for all). A proxy may refuse only the Writes carrying one row's content
 //!   (a web application firewall), so these are halved and judged alone as transient failures
 //!   are: a row refused alone while nearly all other Writes succeed is struck, held and in the
 //!   end dead-lettered; when every Write is refused (wrong settings), nothing is.
@@ -33,63 +35,71 @@
 
 use super::order::{Candidate, Plan};
 use super::write::{Answer, Flight};
-use super::{Deliverer, Flow, PassReport};
+use super::{Deliverer, LOCKED_ROWS_POLL};
 use crate::backoff::Backoff;
-use crate::openfga::{FailureClass, Target, WriteError};
+use crate::openfga::{FailureClass, WriteError};
+use crate::payload::Payload;
 use crate::store::StoreError;
 use deadpool_postgres::GenericClient;
-use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
-/// Backoff of the whole relay after a failure that looks like an outage. Capped low so that
-/// delivery resumes within a couple of seconds of OpenFGA coming back.
+/// Backoff of a store after a failure that looks like an outage. Capped low so that delivery
+/// resumes within a couple of seconds of OpenFGA coming back.
 pub const OUTAGE_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-/// Backoff of the whole relay after a configuration error: only the operator can fix it, so
-/// retry slowly and keep the logs readable.
+/// Backoff of a store after a configuration error: only the operator can fix it, so retry
+/// slowly and keep the logs readable.
 pub const CONFIG_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// Backoff of one row that keeps failing while others are delivered.
 pub const ROW_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
-/// Whom a failure is judged against (see `stores.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Scope {
-    /// Every Write fails alike: the relay backs off.
-    Relay,
-    /// The Writes of one store fail while others' succeed: that store is held.
-    Store,
-}
-
 impl Deliverer {
     /// A Write succeeded: grow the window by one Write per window's worth of successes.
-    pub(super) fn widen(&mut self) {
+    fn widen(&mut self) {
         let max = self.settings.max_in_flight.max(1) as f64;
         self.window = (self.window + 1.0 / self.window).min(max);
         self.metrics.write_window.set(self.window() as i64);
     }
 
     /// OpenFGA struggles (429, 5xx, timeout): halve the window.
-    pub(super) fn narrow(&mut self) {
+    fn narrow(&mut self) {
         self.window = (self.window / 2.0).max(1.0);
         self.metrics.write_window.set(self.window() as i64);
     }
 
-    /// A Write answered (or not sent, its rows held elsewhere): account for it.
-    pub(super) async fn landed(
+    /// A Write landed: its tuples and rows are no longer in flight; account for its answer.
+    pub(super) async fn land(
         &mut self,
         flight: Flight,
         answer: Result<Answer, StoreError>,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-    ) -> Result<Flow, StoreError> {
+    ) -> Result<(), StoreError> {
+        for h in &flight.keys {
+            if let Some(n) = self.in_flight.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    self.in_flight.remove(h);
+                }
+            }
+        }
+        for id in flight.plan.ids() {
+            self.flying.remove(&id);
+        }
+        self.liveness.beat();
+        self.landed(flight, answer).await
+    }
+
+    /// A Write answered (or not sent, its rows held elsewhere): account for it.
+    async fn landed(
+        &mut self,
+        flight: Flight,
+        answer: Result<Answer, StoreError>,
+    ) -> Result<(), StoreError> {
         let finished = match &answer {
             Ok(Answer::Sent(Err(e))) => flight.finished_by(e),
             _ => None,
         };
         let Flight { plan, .. } = flight;
-        let n_ops = plan.n_ops();
         if let Some(id) = finished {
             // Marked delivered in the Write's transaction (see `Flight::send`); the other rows
             // are sent again without it.
@@ -97,68 +107,121 @@ impl Deliverer {
             let mut rest = Vec::new();
             for c in plan.into_rows() {
                 if c.id == id {
-                    self.row_delivered(&c, report);
+                    self.row_delivered(&c);
                 } else {
                     rest.push(c);
                 }
             }
-            Self::requeue(queue, rest);
-            return Ok(Flow::Continue);
+            self.requeue(rest);
+            return Ok(());
         }
-        match answer? {
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                // Whatever became of it, the rows are still in hand: sent again after the error.
+                self.requeue(plan.into_rows());
+                return Err(e);
+            }
+        };
+        match answer {
             Answer::Deferred => {
-                Self::requeue(queue, plan.into_rows());
-                Ok(Flow::Stop)
+                self.requeue(plan.into_rows());
+                Ok(())
             }
-            Answer::Held(missing) => {
-                // Another session holds some of these rows (a relay that lost leadership but
-                // has not stopped yet): they may be on their way to OpenFGA. Nothing after them
-                // on their tuples may go; the others are planned again.
-                let mut rest = Vec::new();
-                for c in plan.into_rows() {
-                    if missing.contains(&c.id) {
-                        blocked.extend(c.hashes.iter().copied());
-                        report.held += 1;
-                        report.locked += 1;
-                    } else {
-                        rest.push(c);
-                    }
-                }
-                Self::requeue(queue, rest);
-                Ok(Flow::Continue)
-            }
+            Answer::Held(missing) => self.held_elsewhere(plan, missing).await,
             Answer::Sent(Ok(())) => {
                 self.widen();
-                self.on_success(plan, n_ops, queue, report);
-                Ok(Flow::Continue)
+                self.on_success(plan);
+                Ok(())
             }
             Answer::Sent(Err(e)) => {
                 // One store's failure leaves the window to the others.
                 if matches!(
                     e,
                     WriteError::Transient { .. } | WriteError::Throttled { .. }
-                ) && self.scope_of(&plan.target, &e) == Scope::Relay
+                ) && !self.lanes.others_flow(&plan.target)
                 {
                     self.narrow();
                 }
                 let conn = self.store.pool().get().await?;
-                self.on_failure(&conn, plan, e, queue, blocked, report)
-                    .await
+                self.on_failure(&conn, plan, e).await
             }
         }
     }
 
-    pub(super) fn on_success(
-        &mut self,
-        plan: Plan,
-        n_ops: usize,
-        queue: &mut BTreeMap<i64, Candidate>,
-        report: &mut PassReport,
-    ) {
-        self.epoch += 1;
-        self.streak = 0;
+    /// Rows a Write could not lock: another session holds them (a relay that lost leadership
+    /// but has not stopped yet, a drain), or they changed or went since they were read. They are
+    /// looked at again by id now: a row gone (delivered or dead-lettered by that session) leaves
+    /// the queue; a row changed is queued as it is now, in its place; a row as it was is held
+    /// back briefly. Until then each keeps its tuples: nothing after it on them goes.
+    async fn held_elsewhere(&mut self, plan: Plan, missing: Vec<i64>) -> Result<(), StoreError> {
+        let conn = self.store.pool().get().await?;
+        let now: std::collections::HashMap<i64, Result<String, String>> = self
+            .store
+            .refresh(&conn, &missing)
+            .await?
+            .into_iter()
+            .collect();
+        let mut rest = Vec::new();
+        for mut c in plan.into_rows() {
+            if !missing.contains(&c.id) {
+                rest.push(c);
+                continue;
+            }
+            match now.get(&c.id) {
+                None => {
+                    debug!(
+                        id = c.id,
+                        "row delivered or dead-lettered by another session"
+                    );
+                    self.memo.remove(&c.id);
+                }
+                Some(Ok(text)) if **text != *c.text => match Payload::parse_text(text) {
+                    Ok(p) => {
+                        debug!(
+                            id = c.id,
+                            "row changed since it was read; queued as it is now"
+                        );
+                        c.hashes = p
+                            .ops
+                            .iter()
+                            .map(|op| super::order::key_hash(c.target.store_key(), op.key()))
+                            .collect();
+                        c.ops = p.ops;
+                        c.text = text.as_str().into();
+                        rest.push(c);
+                    }
+                    Err(e) => {
+                        let reason = e.to_string();
+                        if !self.dead_letter(&conn, c.id, &reason, Some(text)).await? {
+                            self.hold_back(&mut c);
+                            rest.push(c);
+                        }
+                    }
+                },
+                Some(_) => {
+                    self.report.locked += 1;
+                    self.hold_back(&mut c);
+                    rest.push(c);
+                }
+            }
+        }
+        self.requeue(rest);
+        Ok(())
+    }
+
+    /// Holds a row another session holds back briefly: no notification will say when it is let
+    /// go.
+    fn hold_back(&mut self, c: &mut Candidate) {
+        let at = Instant::now() + LOCKED_ROWS_POLL;
+        self.memo.entry(c.id).or_default().retry_at = Some(at);
+        self.report.held += 1;
+    }
+
+    fn on_success(&mut self, plan: Plan) {
+        let n_ops = plan.n_ops();
         let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        self.note(false, alone, &plan.target);
+        self.lanes.note(false, alone, &plan.target);
         self.metrics.tuples_delivered.inc_by(n_ops as u64);
         let mut unfinished = Vec::new();
         for (c, idx) in plan.rows {
@@ -166,25 +229,22 @@ impl Deliverer {
             let memo_done = self.memo.get(&c.id).map_or(0, |m| m.done.len());
             if memo_done + idx.len() >= all {
                 // Marked delivered in the Write's own transaction already.
-                self.row_delivered(&c, report);
+                self.row_delivered(&c);
             } else {
                 // A part of a large row: remember it, send the rest next.
                 self.memo.entry(c.id).or_default().done.extend(idx);
                 unfinished.push(c);
             }
         }
-        Self::requeue(queue, unfinished);
+        self.requeue(unfinished);
     }
 
-    pub(super) async fn on_failure(
+    async fn on_failure(
         &mut self,
         tx: &impl GenericClient,
         plan: Plan,
         e: WriteError,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-    ) -> Result<Flow, StoreError> {
+    ) -> Result<(), StoreError> {
         match e {
             WriteError::AlreadyApplied {
                 op: Some(i),
@@ -198,40 +258,35 @@ impl Deliverer {
                         .or_default()
                         .done
                         .insert(op);
-                    Self::requeue(queue, plan.into_rows());
-                    return Ok(Flow::Continue);
+                    self.requeue(plan.into_rows());
+                    return Ok(());
                 }
-                self.split_or_dead_letter(tx, plan, &e, queue, blocked, report)
-                    .await
+                self.split_or_dead_letter(tx, plan, &e).await
             }
             WriteError::AlreadyApplied { op: None, .. } | WriteError::Rejected { op: None, .. } => {
-                self.split_or_dead_letter(tx, plan, &e, queue, blocked, report)
-                    .await
+                self.split_or_dead_letter(tx, plan, &e).await
             }
             WriteError::Rejected { op: Some(i), .. } => {
                 self.metrics.failed("permanent");
-                report.failed_writes += 1;
+                self.report.failed_writes += 1;
                 let Some((r, _)) = Self::locate(&plan, i) else {
-                    return self
-                        .split_or_dead_letter(tx, plan, &e, queue, blocked, report)
-                        .await;
+                    return self.split_or_dead_letter(tx, plan, &e).await;
                 };
                 let mut rows: Vec<Candidate> = plan.into_rows();
                 let bad = rows.remove(r);
-                self.give_up(tx, &bad, &e.to_string(), blocked, report)
-                    .await?;
-                Self::requeue(queue, rows);
-                Ok(Flow::Continue)
+                self.give_up(tx, bad, &e.to_string()).await?;
+                self.requeue(rows);
+                Ok(())
             }
             WriteError::UnknownTarget { .. } => {
                 // Every row of a Write names its store and model: none of them can go.
                 self.metrics.failed("permanent");
-                report.failed_writes += 1;
+                self.report.failed_writes += 1;
                 let reason = e.to_string();
                 for c in plan.into_rows() {
-                    self.give_up(tx, &c, &reason, blocked, report).await?;
+                    self.give_up(tx, c, &reason).await?;
                 }
-                Ok(Flow::Continue)
+                Ok(())
             }
             WriteError::TooManyTuples { limit, ref message } => {
                 let lower = limit.unwrap_or(self.max_tuples / 2).max(1);
@@ -244,59 +299,49 @@ impl Deliverer {
                          using its limit (set FGA_RELAY_MAX_TUPLES_PER_WRITE={lower})"
                     );
                     self.max_tuples = lower;
-                    Self::requeue(queue, plan.into_rows());
-                    return Ok(Flow::Continue);
+                    self.requeue(plan.into_rows());
+                    return Ok(());
                 }
-                self.outage(tx, &plan, &e, blocked, report, CONFIG_BACKOFF, Scope::Relay)
-                    .await?;
-                Ok(Flow::Stop)
+                self.lanes.note(true, None, &plan.target);
+                self.outage(tx, plan, &e, CONFIG_BACKOFF).await?;
+                Ok(())
             }
             WriteError::TooLarge { .. } => {
                 // A proxy's body limit or gRPC's: a smaller Write may pass; a row alone cannot
                 // shrink, unless it is sent in parts already.
-                self.split_or_dead_letter(tx, plan, &e, queue, blocked, report)
-                    .await
+                self.split_or_dead_letter(tx, plan, &e).await
             }
             WriteError::NotSent => {
                 // `Flight::send` defers these before they get here; should one come, it was
                 // never sent and is nothing against its rows.
-                Self::requeue(queue, plan.into_rows());
-                Ok(Flow::Stop)
+                self.requeue(plan.into_rows());
+                Ok(())
             }
             WriteError::Configuration { .. } | WriteError::Unexpected { .. } => {
                 // Wrong settings fail every Write; a proxy refusing one row's content (a web
                 // application firewall) fails only the Writes carrying that row. Halving tells
                 // them apart, as for transient failures, with the slow backoff of the former.
-                self.halve_or_hold(tx, plan, &e, blocked, report, CONFIG_BACKOFF)
-                    .await
+                self.halve_or_hold(tx, plan, &e, CONFIG_BACKOFF).await
             }
             WriteError::Throttled { .. } => {
-                // Not the rows' fault: the same Write, after the wait. Rows held back by the
-                // outage path are due again once the wait is over.
-                self.outage(tx, &plan, &e, blocked, report, OUTAGE_BACKOFF, Scope::Relay)
-                    .await?;
-                Ok(Flow::Stop)
+                // Not the rows' fault: the same Write, after its store's wait.
+                self.outage(tx, plan, &e, OUTAGE_BACKOFF).await?;
+                Ok(())
             }
-            WriteError::Transient { .. } => {
-                self.halve_or_hold(tx, plan, &e, blocked, report, OUTAGE_BACKOFF)
-                    .await
-            }
+            WriteError::Transient { .. } => self.halve_or_hold(tx, plan, &e, OUTAGE_BACKOFF).await,
         }
     }
 
     /// A permanent answer that does not say which row: split the Write to find out, or, for a
     /// row alone, dead-letter it (a part of a row sent in parts found too large is halved).
-    pub(super) async fn split_or_dead_letter(
+    async fn split_or_dead_letter(
         &mut self,
         tx: &impl GenericClient,
         plan: Plan,
         e: &WriteError,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-    ) -> Result<Flow, StoreError> {
+    ) -> Result<(), StoreError> {
         self.metrics.failed("permanent");
-        report.failed_writes += 1;
+        self.report.failed_writes += 1;
         if plan.rows.len() > 1 {
             let half = plan.rows.len() / 2;
             for (c, _) in &plan.rows {
@@ -304,14 +349,16 @@ impl Deliverer {
             }
             let ids = plan.ids();
             debug!(?ids, error = %e, "OpenFGA rejected a write without naming the tuple; splitting it");
-            Self::requeue(queue, plan.into_rows());
-            return Ok(Flow::Continue);
+            self.requeue(plan.into_rows());
+            return Ok(());
         }
-        let (c, idx) = plan.rows.into_iter().next().expect("a plan has rows");
+        let Some((c, idx)) = plan.rows.into_iter().next() else {
+            return Ok(());
+        };
         if matches!(e, WriteError::AlreadyApplied { .. }) && idx.len() == 1 {
             self.memo.entry(c.id).or_default().done.insert(idx[0]);
-            queue.insert(c.id, c);
-            return Ok(Flow::Continue);
+            self.requeue(vec![c]);
+            return Ok(());
         }
         if matches!(e, WriteError::TooLarge { .. }) && idx.len() > 1 && idx.len() < c.ops.len() {
             // A part of a row already sent in parts, not in one transaction: a part of the
@@ -320,45 +367,38 @@ impl Deliverer {
             debug!(id = c.id, part = idx.len(), half, error = %e,
                 "a part of a row is too large; halving its parts");
             self.memo.entry(c.id).or_default().max_part = Some(half);
-            queue.insert(c.id, c);
-            return Ok(Flow::Continue);
+            self.requeue(vec![c]);
+            return Ok(());
         }
-        self.give_up(tx, &c, &e.to_string(), blocked, report)
-            .await?;
-        Ok(Flow::Continue)
+        self.give_up(tx, c, &e.to_string()).await
     }
 
-    /// A failure that may be an outage (or wrong settings) or one row's own. A Write of several
-    /// rows backs the whole relay off on `schedule` and its rows are next sent in Writes half as
-    /// large. A row alone is struck if the failure is its own (see the module's "Failures"),
-    /// else held just past the relay's wait.
-    pub(super) async fn halve_or_hold(
+    /// A failure that may be an outage of its store (or wrong settings) or one row's own. A
+    /// Write of several rows holds its store on `schedule` and its rows are next sent in Writes
+    /// half as large. A row alone is struck if the failure is its own (see the module's
+    /// "Failures"), else held just past its store's wait.
+    async fn halve_or_hold(
         &mut self,
         tx: &impl GenericClient,
         plan: Plan,
         e: &WriteError,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
         schedule: Backoff,
-    ) -> Result<Flow, StoreError> {
+    ) -> Result<(), StoreError> {
         let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        let scope = self.scope_of(&plan.target, e);
-        self.note(true, alone, &plan.target);
+        let epoch = self.lanes.epoch(&plan.target);
+        self.lanes.note(true, alone, &plan.target);
         if plan.rows.len() > 1 {
             let half = (plan.rows.len() / 2).max(1);
             for (c, _) in &plan.rows {
                 let m = self.memo.entry(c.id).or_default();
                 m.max_rows = Some(half);
-                m.failed_epoch = Some(self.epoch);
+                m.failed_epoch = Some(epoch);
             }
-            self.outage(tx, &plan, e, blocked, report, schedule, scope)
-                .await?;
-            return Ok(Self::after(scope));
+            self.outage(tx, plan, e, schedule).await?;
+            return Ok(());
         }
         let id = plan.rows[0].0.id;
-        let epoch = self.epoch;
-        let others_succeed = self.others_nearly_all_succeed(id, &plan.target);
-        let streak = self.streak;
+        let others_succeed = self.lanes.others_nearly_all_succeed(id, &plan.target);
         let m = self.memo.entry(id).or_default();
         // Other Writes to its store succeeded since this row last failed, and nearly all
         // Writes to its store but this row's do: the row, not OpenFGA, is the problem. A
@@ -367,45 +407,40 @@ impl Deliverer {
         m.failed_epoch = Some(epoch);
         m.max_rows = Some(1);
         if !strike {
-            // Held just past the wait of the relay (or of its store), so that the next pass
-            // sends the other rows first: how they fare tells an outage from this row's own
-            // failure.
-            let held = self
-                .outage(tx, &plan, e, blocked, report, schedule, scope)
-                .await?;
-            let wait = match held {
-                Some(until) => until.saturating_duration_since(Instant::now()),
-                None => e
-                    .retry_after()
-                    .unwrap_or_else(|| schedule.ceiling(streak + 1)),
-            };
-            let at = Instant::now() + wait + schedule.base;
+            // Held just past the wait of its store, so that the store's other rows go first:
+            // how they fare tells an outage from this row's own failure.
+            let until = self.outage(tx, plan, e, schedule).await?;
+            let at = until + schedule.base;
             if let Some(m) = self.memo.get_mut(&id) {
                 m.retry_at = Some(at);
             }
-            report.due(at);
-            return Ok(Self::after(scope));
+            self.due_at(at);
+            return Ok(());
         }
         let m = self.memo.entry(id).or_default();
         m.strikes += 1;
         let strikes = m.strikes;
         let class = e.class();
         self.metrics.failed(class.as_str());
-        report.failed_writes += 1;
-        blocked.extend(plan.rows[0].0.hashes.iter().copied());
+        self.report.failed_writes += 1;
+        if let Some(wait) = e.retry_after() {
+            // Whoever is at fault, the server asked the store to wait.
+            self.lanes.hold(&plan.target, schedule, Some(wait));
+        }
+        let Some((c, _)) = plan.rows.into_iter().next() else {
+            return Ok(());
+        };
         if strikes >= self.settings.max_attempts {
             let reason = format!(
                 "gave up after {strikes} failed attempts while other rows were delivered: {e}"
             );
-            self.give_up(tx, &plan.rows[0].0, &reason, blocked, report)
-                .await?;
-            return Ok(Self::after_retry_after(e, report));
+            return self.give_up(tx, c, &reason).await;
         }
         let at = Instant::now() + ROW_BACKOFF.delay(strikes);
         if let Some(m) = self.memo.get_mut(&id) {
             m.retry_at = Some(at);
         }
-        report.due(at);
+        self.due_at(at);
         if class == FailureClass::Configuration {
             // Loud still: a refusal of one row's content may be a proxy's rule to look at.
             error!(class = class.as_str(), rows = 1, id, strikes, error = %e,
@@ -415,130 +450,66 @@ impl Deliverer {
                 "row keeps failing while others are delivered; holding it back");
         }
         self.store.record_failure(tx, &[id], &e.to_string()).await?;
-        Ok(Self::after_retry_after(e, report))
+        self.requeue(vec![c]);
+        Ok(())
     }
 
-    /// Whether a failure `e` of a Write to `target` is its store's alone, or the relay's.
-    pub(super) fn scope_of(&self, target: &Target, e: &WriteError) -> Scope {
-        if !matches!(e, WriteError::Throttled { .. }) && self.store_failure_alone(target) {
-            Scope::Store
-        } else {
-            Scope::Relay
-        }
-    }
-
-    /// What the pass does after an outage of this scope: stops (the relay backs off) or goes
-    /// on with the other stores.
-    fn after(scope: Scope) -> Flow {
-        match scope {
-            Scope::Relay => Flow::Stop,
-            Scope::Store => Flow::Continue,
-        }
-    }
-
-    /// After a failure that is one row's own: the server may still have asked everyone to wait
-    /// (`Retry-After`), whoever is at fault; then no more Writes this pass.
-    pub(super) fn after_retry_after(e: &WriteError, report: &mut PassReport) -> Flow {
-        match e.retry_after() {
-            Some(d) => {
-                report.wait = Some(report.wait.map_or(d, |w| w.max(d)));
-                Flow::Stop
-            }
-            None => Flow::Continue,
-        }
-    }
-
-    /// A failure of the whole relay (outage or configuration), or of one store (see
-    /// `stores.rs`): record it on the rows and block their tuples for this pass; then back off,
-    /// the relay (no more Writes this pass: [`Flow::Stop`]) or that store alone (its rows passed
-    /// over until then, the other stores' going on). Returns until when the store is held, for
-    /// [`Scope::Store`].
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn outage(
+    /// A failure of a store (an outage, throttling, or wrong settings): record it on the rows,
+    /// put them back in the queue, and hold the store (its lane) on `schedule` or for the
+    /// server's `Retry-After`: its rows are neither planned nor read until then, while the other
+    /// stores' go on. Returns until when the store is held.
+    async fn outage(
         &mut self,
         tx: &impl GenericClient,
-        plan: &Plan,
+        plan: Plan,
         e: &WriteError,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
         schedule: Backoff,
-        scope: Scope,
-    ) -> Result<Option<Instant>, StoreError> {
+    ) -> Result<Instant, StoreError> {
         let ids = plan.ids();
-        for (c, _) in &plan.rows {
-            blocked.extend(c.hashes.iter().copied());
-        }
         let class = e.class();
         self.metrics.failed(class.as_str());
-        report.failed_writes += 1;
+        self.report.failed_writes += 1;
+        let until = self.lanes.hold(&plan.target, schedule, e.retry_after());
+        self.due_at(until);
+        let wait = until.saturating_duration_since(Instant::now());
         let store = plan.target.store_label();
-        let held = match scope {
-            Scope::Relay => {
-                self.streak += 1;
-                let wait = e
-                    .retry_after()
-                    .unwrap_or_else(|| schedule.delay(self.streak));
-                report.wait = Some(report.wait.map_or(wait, |w| w.max(wait)));
-                if class == FailureClass::Configuration {
-                    error!(class = class.as_str(), rows = ids.len(), store, error = %e,
-                        retry_in = ?wait, "OpenFGA refused the relay's writes: check its settings");
-                } else {
-                    warn!(class = class.as_str(), rows = ids.len(), store, error = %e,
-                        retry_in = ?wait, "write failed");
-                }
-                None
-            }
-            Scope::Store => {
-                let until = self.hold_store(&plan.target, schedule, e.retry_after());
-                report.due(until);
-                let wait = until.saturating_duration_since(Instant::now());
-                if class == FailureClass::Configuration {
-                    error!(class = class.as_str(), rows = ids.len(), store, error = %e,
-                        retry_in = ?wait, "OpenFGA refused the writes of one store while \
-                        others' are delivered: holding that store's rows");
-                } else {
-                    warn!(class = class.as_str(), rows = ids.len(), store, error = %e,
-                        retry_in = ?wait, "writes of one store failed while others' are \
-                        delivered: holding that store's rows");
-                }
-                Some(until)
-            }
-        };
+        if class == FailureClass::Configuration {
+            error!(class = class.as_str(), rows = ids.len(), store, error = %e,
+                retry_in = ?wait, "OpenFGA refused the relay's writes: check its settings");
+        } else {
+            warn!(class = class.as_str(), rows = ids.len(), store, error = %e,
+                retry_in = ?wait, "write failed; holding this store's rows");
+        }
         self.store.record_failure(tx, &ids, &e.to_string()).await?;
-        Ok(held)
+        self.requeue(plan.into_rows());
+        Ok(until)
     }
 
     /// Gives up on a row of a Write that was answered: dead-letters it for what it said when
     /// read. A row that cannot be dead-lettered now (another session holds it, or changed it)
-    /// stays pending, undelivered: like any row the pass could not take, it blocks its tuples
-    /// for the rest of the pass, so that no later row on them overtakes it.
-    pub(super) async fn give_up(
+    /// stays pending, in the queue, held back briefly: it keeps its tuples, so that no later row
+    /// on them overtakes it, and its Write is tried again.
+    async fn give_up(
         &mut self,
         tx: &impl GenericClient,
-        c: &Candidate,
+        mut c: Candidate,
         reason: &str,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
     ) -> Result<(), StoreError> {
-        if !self
-            .dead_letter(tx, c.id, reason, Some(&c.text), report)
-            .await?
-        {
-            blocked.extend(c.hashes.iter().copied());
-            report.held += 1;
-            report.locked += 1;
+        if !self.dead_letter(tx, c.id, reason, Some(&c.text)).await? {
+            self.report.locked += 1;
+            self.hold_back(&mut c);
+            self.requeue(vec![c]);
         }
         Ok(())
     }
 
-    /// Gives up on row `id` (see [`Store::dead_letter`]); returns whether it did.
+    /// Gives up on row `id` (see [`crate::store::Store::dead_letter`]); returns whether it did.
     pub(super) async fn dead_letter(
         &mut self,
         tx: &impl GenericClient,
         id: i64,
         reason: &str,
         read: Option<&str>,
-        report: &mut PassReport,
     ) -> Result<bool, StoreError> {
         if !self.store.dead_letter(tx, id, reason, read).await? {
             debug!(
@@ -550,7 +521,26 @@ impl Deliverer {
         warn!(id, reason, "row dead-lettered");
         self.memo.remove(&id);
         self.metrics.rows_dead_lettered.inc();
-        report.dead += 1;
+        self.report.dead += 1;
         Ok(true)
+    }
+
+    /// Marks the rows with nothing left to send delivered, and lets their tuples go.
+    pub(super) async fn mark_finished(&mut self) -> Result<(), StoreError> {
+        if self.to_mark.is_empty() {
+            return Ok(());
+        }
+        let ids = std::mem::take(&mut self.to_mark);
+        let conn = self.store.pool().get().await?;
+        if let Err(e) = self.store.mark_delivered(&conn, &ids).await {
+            // Still in the queue, in their place: marked at the next try.
+            return Err(e.into());
+        }
+        for id in ids {
+            if let Some(c) = self.queue.remove(&id) {
+                self.row_delivered(&c);
+            }
+        }
+        Ok(())
     }
 }

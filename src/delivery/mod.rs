@@ -1,14 +1,20 @@
-//! Delivery: one pass over the pending rows, in id order, into as few Writes as OpenFGA allows,
-//! several in flight at once, without ever reordering two operations on the same tuple.
+//! Delivery as one continuous stream: rows are read as they are committed, planned into as few
+//! Writes as OpenFGA allows, several in flight at once, without ever reordering two operations
+//! on the same tuple, and judged as their answers come; with a lane per store, so that one
+//! store's trouble holds only its own rows.
 //!
-//! This file runs the pass: it reads pages of pending rows, keeps the Writes in flight, and
-//! remembers what it learnt about rows across passes. The rest, a concept a file:
+//! The stream is a loop over its state (the rows in hand, the Writes in flight, the lanes): each
+//! turn reads when it wants rows, launches what may go, and waits for the next thing to happen
+//! (an answer, a notification, a row or a lane coming due). Nothing waits for a batch of Writes
+//! to end: a row committed while Writes fly is read and sent at once. The stages, a file each:
 //!
-//! - [`order`]: the order rule, which rows a Write may carry;
-//! - [`read`]: reading rows into the pass, a page at a time, and a store's rows ahead;
-//! - [`write`]: one Write, its lock, send and mark;
+//! - [`read`]: reading the lowest pending rows not in hand, and a store's rows ahead;
+//! - [`order`]: planning, the order rule, which rows a Write may carry;
+//! - [`write`]: flying one Write: its lock, send and mark;
 //! - [`judge`]: the judgement of an answer (strikes, halving, dead letters);
-//! - [`stores`]: the judgement per store (a row's failure, its store's, or the relay's).
+//! - [`lanes`]: a lane per store: its hold, its `Retry-After`, its clock for judging answers.
+//!
+//! `run` streams until it stops leading; `drain` streams until nothing is left to do now.
 
 use crate::config::DeliverySettings;
 use crate::liveness::Liveness;
@@ -16,24 +22,27 @@ use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use crate::wake::{Bell, Trigger};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 mod judge;
+mod lanes;
 mod order;
 mod read;
-mod stores;
+mod turn;
 mod write;
 
+use lanes::Lanes;
 use order::Candidate;
 use read::Ahead;
-use stores::{Outcome, StoreHold};
-use write::{Answer, Crew, Flight, Gate, Spare};
+use write::{Answer, Flight, Spare};
 
-/// What the relay remembers about a row across passes, while the row is pending.
+/// What the relay remembers about a row while it is pending.
 #[derive(Debug, Default)]
 struct Memo {
     /// The most rows a Write holding this row may carry (halved by transient failures).
@@ -41,9 +50,9 @@ struct Memo {
     /// For a row sent in parts: the most operations a part may carry (halved while OpenFGA
     /// finds a part too large).
     max_part: Option<usize>,
-    /// The success counter when this row last failed transiently.
+    /// Its lane's success counter when this row last failed transiently.
     failed_epoch: Option<u64>,
-    /// Transient failures alone while other rows were delivered.
+    /// Transient failures alone while other rows of its store were delivered.
     strikes: u32,
     /// Held back until then.
     retry_at: Option<Instant>,
@@ -51,48 +60,64 @@ struct Memo {
     /// "already exists"/"does not exist"), or that it must not apply (a retried row's
     /// operations superseded by later rows), by index.
     done: HashSet<usize>,
-    /// For a row that came back from dead: its superseded operations were looked for.
-    checked: bool,
+    /// For a row that came back from dead: the `retried_at` its superseded operations were
+    /// looked for at. A later dead letter and `retry` sets another, and they are looked for
+    /// again.
+    checked: Option<SystemTime>,
 }
 
-/// What one pass did.
+/// What the stream did since it last said so.
 #[derive(Debug, Default, Clone)]
 pub struct PassReport {
     pub delivered: u64,
     pub dead: u64,
     pub failed_writes: u64,
     pub writes: u64,
-    /// Rows passed over: held back, behind a held row, or held by another session.
+    /// Rows that could not go when planned: held back, behind a held row, in a held store, or
+    /// held by another session.
     pub held: u64,
-    /// Of those, rows held by another session: worth looking at again soon, as no notification
-    /// will announce that the session let them go.
+    /// Of those, rows held by another session: looked at again soon, as no notification will
+    /// announce that the session let them go.
     pub locked: u64,
-    /// Back off this long before the next pass (an outage or a configuration error).
-    pub wait: Option<Duration>,
-    /// When the earliest held row may be retried.
+    /// When the earliest row held back, or store held, may go again.
     pub next_due: Option<Instant>,
-    /// The pass stopped early because it was asked to (shutdown, leadership lost).
+    /// The stream stopped because it was asked to (shutdown, leadership lost).
     pub interrupted: bool,
 }
 
 impl PassReport {
-    /// Whether the pass changed anything: if not, the relay may sleep.
+    /// Whether anything changed.
     pub fn did_work(&self) -> bool {
         self.delivered + self.dead + self.failed_writes > 0
     }
-
-    fn due(&mut self, at: Instant) {
-        self.next_due = Some(self.next_due.map_or(at, |d| d.min(at)));
-    }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Stop,
+/// How long the stream runs.
+pub enum Mode<'a> {
+    /// Until nothing is left to do now: every pending row read is delivered, dead, or held
+    /// back until later (`next_due`). For `drain`.
+    UntilIdle,
+    /// Until stopped, waiting on the bell when nothing is left to do. For `run`: `account` is
+    /// told what was done each time the stream goes idle.
+    Forever {
+        bell: &'a dyn Bell,
+        account: &'a (dyn Fn(Trigger, &PassReport) + Sync),
+    },
 }
 
-/// The delivery engine. One per relay; only the relay holding leadership runs passes.
+/// What a stream runs under.
+pub struct Controls<'a> {
+    /// Asked when a Write is planned and again right before it leaves (its rows locked): when
+    /// it says no, the stream sends nothing more, waits for the Writes in flight, and ends.
+    pub keep_going: &'a (dyn Fn() -> bool + Sync),
+    /// Fired when `keep_going` turns false (shutdown, the session lost): wakes a waiting stream.
+    pub stop: &'a [&'a CancellationToken],
+    /// Writes leave only while it is open (the leader's lease).
+    pub window: &'a SendWindow,
+    pub mode: Mode<'a>,
+}
+
+/// The delivery engine. One per relay; only the relay holding leadership streams.
 pub struct Deliverer {
     store: Store,
     client: Arc<FgaClient>,
@@ -101,20 +126,37 @@ pub struct Deliverer {
     /// Tuples per Write: `--max-tuples-per-write`, lowered if OpenFGA says it allows fewer.
     max_tuples: usize,
     memo: HashMap<i64, Memo>,
-    /// Counts successful Writes: a row's failure counts as a strike only if this moved since
-    /// its previous failure.
-    epoch: u64,
-    /// Consecutive failed Writes with no success in between.
-    streak: u32,
-    /// The outcomes of recent Writes (429s left out: they say nothing about rows).
-    recent: VecDeque<Outcome>,
-    /// The stores whose Writes fail while other stores' succeed (`None`: the configured one).
-    holds: HashMap<Option<Arc<str>>, StoreHold>,
+    /// The rows in hand not in flight, in id order.
+    queue: BTreeMap<i64, Candidate>,
+    /// The rows in flight.
+    flying: HashSet<i64>,
+    /// Tuples of the Writes in flight (every tuple of their rows), with how many hold each.
+    in_flight: HashMap<u64, usize>,
+    /// The rows just read, locked, for the next Write (see [`Spare`]).
+    spare: Option<Spare>,
+    /// What was read ahead for the stores rows name.
+    ahead: Ahead,
+    /// Rows with nothing left to send (a retried row whose every operation is superseded): to
+    /// be marked delivered, their tuples blocked until then.
+    to_mark: Vec<i64>,
+    /// A store each, with its hold and its judgement.
+    lanes: Lanes,
     /// The Writes allowed in flight at once, as TCP's congestion window: halved on 429, 5xx
     /// and timeouts, grown by one per window of successes, up to `max_in_flight`.
     window: f64,
-    /// Told at each step of a pass (a page read, a Write answered): a long pass that moves is
-    /// alive, one stuck on a connection that never answers is not.
+    /// Whether more pending rows may be there to read (the last read filled its page, or
+    /// something may have committed since).
+    want_read: bool,
+    /// When rows were last read, for `--linger`.
+    last_read: Option<Instant>,
+    /// Rows in the queue that could not go at the last planning (held back, or behind such a
+    /// row): they do not count as rows ready to send.
+    stuck: usize,
+    /// When the earliest row held back, or store held, may go again.
+    due: Option<Instant>,
+    report: PassReport,
+    /// Told at each step (a read, a Write answered): a stream that moves is alive, one stuck on
+    /// a connection that never answers is not.
     liveness: Arc<Liveness>,
 }
 
@@ -137,18 +179,33 @@ impl Deliverer {
             settings,
             max_tuples: max_tuples.max(1),
             memo: HashMap::new(),
-            epoch: 0,
-            streak: 0,
-            recent: VecDeque::new(),
-            holds: HashMap::new(),
+            queue: BTreeMap::new(),
+            flying: HashSet::new(),
+            in_flight: HashMap::new(),
+            spare: None,
+            ahead: Ahead::default(),
+            to_mark: Vec::new(),
+            lanes: Lanes::default(),
+            want_read: true,
+            last_read: None,
+            stuck: 0,
+            due: None,
+            report: PassReport::default(),
             liveness,
         }
     }
 
     /// Forgets what was learnt about rows, e.g. when another relay may have delivered them.
+    /// Only between streams (nothing in flight).
     pub fn forget(&mut self) {
         self.memo.clear();
-        self.streak = 0;
+        self.queue.clear();
+        self.flying.clear();
+        self.in_flight.clear();
+        self.spare = None;
+        self.ahead = Ahead::default();
+        self.to_mark.clear();
+        self.want_read = true;
     }
 
     /// The Writes that may be in flight now.
@@ -156,219 +213,60 @@ impl Deliverer {
         (self.window as usize).clamp(1, self.settings.max_in_flight.max(1))
     }
 
-    /// One pass over every pending row, in id order, read a page at a time, with up to
-    /// [`Deliverer::window`] Writes in flight. `keep_going` is asked when a Write is planned and
-    /// again right before it leaves (its rows locked); when it says no, the pass sends nothing
-    /// more, waits for the Writes in flight, and stops.
-    /// Writes leave only while `window` is open (the leader's lease).
-    pub async fn pass(
-        &mut self,
-        keep_going: &dyn Fn() -> bool,
-        window: &SendWindow,
-    ) -> Result<PassReport, StoreError> {
-        let mut report = PassReport::default();
-        let mut blocked: HashSet<u64> = HashSet::new();
-        let mut queue: BTreeMap<i64, Candidate> = BTreeMap::new();
-        // Tuples of the Writes in flight (every tuple of their rows), with how many hold each.
-        let mut in_flight: HashMap<u64, usize> = HashMap::new();
-        let mut flights: JoinSet<(Flight, Result<Answer, StoreError>)> = JoinSet::new();
-        // Rows whose every operation was applied already: marked at the end, with no Write.
-        let mut delivered = Vec::new();
-        let batch = self.settings.batch_size.max(1);
-        // The smallest id not read yet: ids are the table's to give, and may be 0 or below.
-        let mut from = i64::MIN;
-        let mut exhausted = false;
-        let mut launching = true;
-        let mut failed: Option<StoreError> = None;
-        let mut spare: Option<Spare> = None;
-        let mut ahead = Ahead::default();
-        let gate = Gate::default();
-        // Writes about to leave ask here whether they still may (see `Flight::send`).
-        let (ask, mut asked) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
-        let crew = Crew {
-            store: self.store.clone(),
-            client: self.client.clone(),
-            metrics: self.metrics.clone(),
-            gate: gate.clone(),
-            ask,
-            window: window.clone(),
-        };
+    /// Runs the stream (see the module) until `controls.mode` says it ends, or a database error
+    /// does (after the Writes in flight have landed). Returns what it did since it last said.
+    pub async fn stream(&mut self, controls: Controls<'_>) -> Result<PassReport, StoreError> {
+        let mut turn = turn::Turn::new(self, &controls);
+        self.want_read = true;
         loop {
-            // Each turn follows a step done: a page read, a Write answered, a Write let leave.
             self.liveness.beat();
-            if gate.is_closed() {
-                launching = false;
+            if turn.launching && !(controls.keep_going)() {
+                turn.stop(&mut self.report);
             }
-            if launching && !exhausted && queue.len() < batch {
-                // The first page is read locked, for the first Write (see `Spare`), and no
-                // larger than a Write can be, so that a page it is not costs few locks.
-                let first = from == i64::MIN;
-                let limit = if first {
-                    batch.min(self.max_tuples.max(1))
-                } else {
-                    batch
-                };
-                match self
-                    .read_page(
-                        from,
-                        limit,
-                        first,
-                        &ahead,
-                        &mut queue,
-                        &mut blocked,
-                        &mut report,
-                    )
-                    .await
-                {
-                    Ok((None, _)) => exhausted = true,
-                    Ok((Some((last, n)), locked)) => {
-                        // No id above i64::MAX: that page was the last.
-                        exhausted = n < limit || last == i64::MAX;
-                        from = last.saturating_add(1);
-                        spare = locked;
-                    }
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                        launching = false;
-                    }
-                }
-            }
-            while launching && flights.len() < self.window() {
-                let Some(plan) = self.plan_write(
-                    &mut queue,
-                    &mut blocked,
-                    &in_flight,
-                    &mut report,
-                    &mut delivered,
-                ) else {
-                    break;
-                };
-                // A Write to a store rows name that its rows in the queue fill less than half
-                // (rows spread over many stores): that store's next rows are read ahead, as many
-                // as fill the Write at the plan's operations per row (more would stay in the
-                // queue, and a queue full of such leftovers reads ahead for no other store), and
-                // it is planned again with them. With the queue full, the Write goes as it is.
-                if let Some(store) = plan.target.store.clone()
-                    && plan.room
-                    && !exhausted
-                    && plan.n_ops() * 2 < self.max_tuples
-                    && !ahead.done(&store)
-                    && queue.len() < read::AHEAD_PAGES * batch
-                {
-                    let per_row = plan.n_ops().div_ceil(plan.rows.len().max(1)).max(1);
-                    let want = (self.max_tuples - plan.n_ops()).div_ceil(per_row).max(1);
-                    Self::requeue(&mut queue, plan.into_rows());
-                    let read = self
-                        .read_ahead(
-                            &store,
-                            from,
-                            want,
-                            &mut ahead,
-                            &mut queue,
-                            &mut blocked,
-                            &mut report,
-                        )
-                        .await;
-                    if let Err(e) = read {
-                        failed.get_or_insert(e);
-                        launching = false;
-                        break;
-                    }
-                    continue;
-                }
-                if !keep_going() {
-                    report.interrupted = true;
-                    launching = false;
-                    Self::requeue(&mut queue, plan.into_rows());
-                    break;
-                }
-                let locked = match spare.take() {
-                    Some(s) if s.fits(&plan) => Some(s.tx),
-                    Some(s) => {
-                        if let Err(e) = s.tx.rollback().await {
-                            failed.get_or_insert(e.into());
-                            launching = false;
-                            Self::requeue(&mut queue, plan.into_rows());
-                            break;
-                        }
-                        None
-                    }
-                    None => None,
-                };
-                let flight = Flight::new(plan, &self.memo);
-                for h in &flight.keys {
-                    *in_flight.entry(*h).or_default() += 1;
-                }
-                report.writes += 1;
-                flights.spawn(flight.fly(crew.clone(), locked));
-                self.metrics.writes_in_flight.set(flights.len() as i64);
-            }
-            // Not the first Write's: let go of its rows before anything else locks them (the
-            // rows delivered without a Write are marked on another connection).
-            if let Some(s) = spare.take()
-                && let Err(e) = s.tx.rollback().await
-            {
-                failed.get_or_insert(e.into());
-                launching = false;
-            }
-            let joined = tokio::select! {
-                Some(reply) = asked.recv() => {
-                    let go = keep_going();
-                    if !go {
-                        report.interrupted = true;
-                        launching = false;
-                    }
-                    let _ = reply.send(go);
-                    continue;
-                }
-                joined = flights.join_next() => joined,
-            };
-            let Some(joined) = joined else {
-                if launching && !exhausted {
-                    continue;
-                }
+            if !turn.launching && turn.flights.is_empty() {
                 break;
-            };
-            self.metrics.writes_in_flight.set(flights.len() as i64);
-            let (flight, answer) = match joined {
-                Ok(landed) => landed,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Only aborted tasks end otherwise, and none is aborted while the pass runs.
-                Err(_) => continue,
-            };
-            for h in &flight.keys {
-                if let Some(n) = in_flight.get_mut(h) {
-                    *n -= 1;
-                    if *n == 0 {
-                        in_flight.remove(h);
+            }
+            if turn.launching {
+                self.read_if_wanted(&mut turn).await;
+            }
+            if turn.launching {
+                self.launch(&mut turn).await;
+            }
+            self.settle(&mut turn).await;
+            if turn.launching && turn.flights.is_empty() && !self.want_read && self.queue_idle() {
+                match &controls.mode {
+                    Mode::UntilIdle => break,
+                    Mode::Forever { account, .. } => {
+                        account(turn.trigger, &std::mem::take(&mut self.report));
+                        turn.trigger = Trigger::Again;
                     }
                 }
             }
-            match self
-                .landed(flight, answer, &mut queue, &mut blocked, &mut report)
-                .await
-            {
-                Ok(Flow::Continue) => {}
-                Ok(Flow::Stop) => launching = false,
-                Err(e) => {
-                    failed.get_or_insert(e);
-                    launching = false;
-                }
-            }
+            self.wait(&mut turn, &controls).await;
         }
-        if !delivered.is_empty() {
-            let conn = self.store.pool().get().await?;
-            self.store.mark_delivered(&conn, &delivered).await?;
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(report),
-        }
+        turn.mute(&controls).await;
+        turn.end(self).await?;
+        self.report.next_due = self.due;
+        Ok(std::mem::take(&mut self.report))
     }
 
-    fn row_delivered(&mut self, c: &Candidate, report: &mut PassReport) {
+    /// Whether nothing in the queue can go before something happens.
+    fn queue_idle(&self) -> bool {
+        self.queue.len() <= self.stuck
+    }
+
+    /// Every id in hand: queued or in flight.
+    fn hand(&self) -> Vec<i64> {
+        self.queue
+            .keys()
+            .copied()
+            .chain(self.flying.iter().copied())
+            .collect()
+    }
+
+    fn row_delivered(&mut self, c: &Candidate) {
         self.memo.remove(&c.id);
-        report.delivered += 1;
+        self.report.delivered += 1;
         self.metrics.rows_delivered.inc();
         if let Ok(age) = SystemTime::now().duration_since(c.created_at) {
             self.metrics
@@ -377,3 +275,12 @@ impl Deliverer {
         }
     }
 }
+
+/// How long to wait before the stream looks again at rows no notification will announce: held
+/// by another session.
+const LOCKED_ROWS_POLL: Duration = Duration::from_millis(500);
+
+/// Writes about to leave ask here whether they still may (see `Flight::send`).
+type Asks = mpsc::UnboundedReceiver<oneshot::Sender<bool>>;
+/// The Writes in flight.
+type Flights = JoinSet<(Flight, Result<Answer, StoreError>)>;

@@ -4,22 +4,25 @@
 //! below is (store, tuple), the rows naming no store being in the configured one. A Write goes
 //! to one store and model (its [`Target`]), so it carries only rows of that target.
 //!
-//! A row is sent only if no earlier row that touches one of its tuples is still undelivered in
-//! this pass: every row that fails, is held back or is held by another session adds its tuples
-//! to the pass's *blocked* set, and every later row touching a blocked tuple is passed over (and
-//! blocks its own tuples in turn). Rows on other tuples go on. A pass always starts again from
-//! the lowest pending id, so a row passed over is looked at again, in order, by the next pass.
+//! A row is sent only if no earlier row that touches one of its tuples is still in the queue or
+//! in flight: a row that fails, is held back (its own backoff, its store's hold), or is held by
+//! another session stays in the queue, in its place, and every later row touching one of its
+//! tuples waits behind it (and makes the rows behind it on its own tuples wait in turn). Rows on
+//! other tuples go on. Rows leave the queue only for a Write, or when they are dead-lettered or
+//! marked delivered.
 //!
 //! Everything that keeps two operations on one tuple in id order, and where it lives:
 //!
+//! - Reading ([`Deliverer::read_page`], `read.rs`): no cursor, the lowest pending ids not in
+//!   hand, so that a row committed late is read before any row committed after it.
 //! - Planning ([`Deliverer::plan_write`], here): rows in id order; never one tuple twice in a
-//!   Write; no row on a tuple of a Write in flight, nor behind an earlier row left waiting on it;
-//!   none on a blocked tuple.
-//! - Rows that blocked their tuples: a failed Write's rows and a row held back (the judgement,
-//!   `judge.rs`); a row another session holds, or whose payload changed since its page was read
-//!   (the Write's lock, `write.rs`); a row given up on that could not be dead-lettered
-//!   (`Deliverer::give_up`, `judge.rs`); a row with nothing left to send until the pass marks it
-//!   (here).
+//!   Write; no row on a tuple of a Write in flight, nor behind an earlier row left waiting on it.
+//! - Rows that stay in the queue and keep their tuples: a failed Write's rows and a row held
+//!   back (the judgement, `judge.rs`); a row another session holds, or whose payload changed
+//!   since it was read (the Write's lock, `write.rs`, then read again by id); a row given up on
+//!   that could not be dead-lettered (`Deliverer::give_up`, `judge.rs`); a row with nothing
+//!   left to send until it is marked (here). A row that cannot be decoded and could not be
+//!   dead-lettered stops the read at it (`read.rs`): which tuples it touches is not known.
 //! - Rows finished by a Write are marked delivered in that Write's transaction, before their
 //!   tuples are released: on success, and on an older OpenFGA's "already exists" for a row's last
 //!   operation (`Flight::finished_by`, `write.rs`).
@@ -27,16 +30,16 @@
 //!   operation on its tuple ([`Deliverer::skip_superseded`], here).
 //! - Only the leader sends, and only while its lease holds (`relay/`, `leadership.rs`).
 
-use super::{Deliverer, PassReport};
+use super::Deliverer;
 use crate::openfga::Target;
 use crate::payload::{Op, TupleKey};
 use crate::store::StoreError;
 use deadpool_postgres::GenericClient;
+use std::collections::HashSet;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 use tracing::warn;
 
 /// A row in a pass.
@@ -97,18 +100,13 @@ impl Deliverer {
     /// first row that may go, as many as the tuple limit and the rows' halving allow, never the
     /// same tuple twice, and none on a tuple of a Write in flight or of an earlier row left
     /// waiting (rows of other targets stay, for their own Writes); a row larger than the limit
-    /// goes alone, in parts (smaller once a part was too large). Rows touching a blocked tuple
-    /// are passed over for the pass. Rows with nothing left to send are delivered without a
-    /// Write.
-    pub(super) fn plan_write(
-        &mut self,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        in_flight: &HashMap<u64, usize>,
-        report: &mut PassReport,
-        delivered: &mut Vec<i64>,
-    ) -> Option<Plan> {
+    /// goes alone, in parts (smaller once a part was too large). Rows held back (their own
+    /// backoff, or their store's hold) stay in the queue, and so every later row on their
+    /// tuples waits behind them. Rows with nothing left to send are set aside to be marked.
+    /// Counts the rows that cannot go now in `stuck`, and notes when the first may.
+    pub(super) fn plan_write(&mut self) -> Option<Plan> {
         let limit = self.max_tuples;
+        let now = Instant::now();
         let mut rows: Vec<(Candidate, Vec<usize>)> = Vec::new();
         let mut keys: HashSet<u64> = HashSet::new();
         // Tuples of rows left in the queue by this scan: every later row on them waits too.
@@ -117,30 +115,36 @@ impl Deliverer {
         let mut cap = usize::MAX;
         let mut target: Option<Target> = None;
         let mut room = true;
-        let ids: Vec<i64> = queue.keys().copied().collect();
+        let mut stuck = 0usize;
+        let ids: Vec<i64> = self.queue.keys().copied().collect();
         for id in ids {
-            let Some(c) = queue.get(&id) else { continue };
-            if c.hashes.iter().any(|h| blocked.contains(h)) {
-                if let Some(c) = queue.remove(&id) {
-                    blocked.extend(c.hashes.iter().copied());
-                }
-                report.held += 1;
+            let Some(c) = self.queue.get(&id) else {
+                continue;
+            };
+            if self.to_mark.contains(&id) {
+                waiting.extend(c.hashes.iter().copied());
+                stuck += 1;
                 continue;
             }
-            if let Some(until) = self.store_held(&c.target) {
-                // Its store's Writes fail while other stores' succeed: passed over until then.
-                if let Some(c) = queue.remove(&id) {
-                    blocked.extend(c.hashes.iter().copied());
-                }
-                report.held += 1;
-                report.due(until);
+            let held = self.lanes.held(&c.target).or(self
+                .memo
+                .get(&id)
+                .and_then(|m| m.retry_at)
+                .filter(|at| *at > now));
+            if let Some(until) = held {
+                // Its store is held, or it is held back itself: it and every later row on its
+                // tuples wait until then.
+                waiting.extend(c.hashes.iter().copied());
+                self.due_at(until);
+                stuck += 1;
                 continue;
             }
             if c.hashes
                 .iter()
-                .any(|h| in_flight.contains_key(h) || waiting.contains(h))
+                .any(|h| self.in_flight.contains_key(h) || waiting.contains(h))
             {
                 waiting.extend(c.hashes.iter().copied());
+                stuck += 1;
                 continue;
             }
             if let Some(t) = target.as_ref().filter(|t| **t != c.target) {
@@ -158,20 +162,20 @@ impl Deliverer {
                 .collect();
             if remaining.is_empty() {
                 // A retried row whose every operation is superseded (a Write's answer that
-                // finishes a row marks it in its own transaction). Marked at the end of the
-                // pass, and until then its tuples stay blocked: if the mark is lost, it is
-                // looked at again before any later row on them, never after.
-                if let Some(c) = queue.remove(&id) {
-                    blocked.extend(c.hashes.iter().copied());
-                    self.row_delivered(&c, report);
-                    delivered.push(c.id);
-                }
+                // finishes a row marks it in its own transaction). Marked before the next
+                // turn's Writes, and until then its tuples stay blocked: if the mark is lost,
+                // it is looked at again before any later row on them, never after.
+                waiting.extend(c.hashes.iter().copied());
+                self.to_mark.push(id);
+                stuck += 1;
                 continue;
             }
             let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
             let part_cap = memo.and_then(|m| m.max_part).unwrap_or(limit).min(limit);
             if rows.is_empty() {
-                let Some(c) = queue.remove(&id) else { continue };
+                let Some(c) = self.queue.remove(&id) else {
+                    continue;
+                };
                 target = Some(c.target.clone());
                 if remaining.len() > part_cap {
                     // Too large for one Write: send it in parts, alone, in order.
@@ -195,12 +199,15 @@ impl Deliverer {
                 waiting.extend(c.hashes.iter().copied());
                 continue;
             }
-            let Some(c) = queue.remove(&id) else { continue };
+            let Some(c) = self.queue.remove(&id) else {
+                continue;
+            };
             keys.extend(remaining.iter().map(|&i| c.hashes[i]));
             n_ops += remaining.len();
             cap = cap.min(row_cap);
             rows.push((c, remaining));
         }
+        self.stuck = stuck;
         let target = target?;
         (!rows.is_empty()).then_some(Plan { target, rows, room })
     }
@@ -243,16 +250,8 @@ impl Deliverer {
             self.store.record_skipped(conn, id, &note).await?;
         }
         let m = self.memo.entry(id).or_default();
-        m.checked = true;
         m.done.extend(skipped.iter().map(|&(i, _)| i));
         Ok(())
-    }
-
-    /// Puts rows back into the queue, in their place.
-    pub(super) fn requeue(queue: &mut BTreeMap<i64, Candidate>, rows: Vec<Candidate>) {
-        for c in rows {
-            queue.insert(c.id, c);
-        }
     }
 
     /// The row and operation index of the `flat`-th operation of a plan.

@@ -1,242 +1,265 @@
-//! Reading pending rows into a pass's queue: a page at a time, in id order; and, for a Write to
-//! a store that rows name which the queue cannot fill (rows spread over many stores leave a row
-//! or two of each store in a page), that store's next pending rows, read ahead in id order
-//! (`sql/queries/claim_store.sql`). A store's rows read ahead are the next of that store: every
-//! earlier one is in the queue already, or done with in this pass; so order per (store, tuple)
-//! holds as with pages. The pages after pass over what was read ahead (read again, a row still
-//! in flight would be planned once more, found done by its Write's lock and held for the pass).
+//! Reading rows into the stream's queue: the lowest pending rows not in hand, in id order, with
+//! the rows of held stores left out (sql/queries/claim.sql); and, for a Write to a store that
+//! rows name which the queue cannot fill (rows spread over many stores leave a row or two of
+//! each store in a read), that store's lowest pending rows not in hand (claim_store.sql).
+//!
+//! There is no cursor: every read starts again from the lowest pending id, leaving out what the
+//! relay holds. A row committed late, with an id below rows read already, is found by the next
+//! read; and any snapshot that sees a row also sees every row committed before it with a lower
+//! id (a writer serialised behind another commits after it), so that a later row on a tuple is
+//! never read before an earlier one: order per (store, tuple) holds as rows come in.
 
-use super::order::{Candidate, key_hash};
+use super::Deliverer;
+use super::order::{Candidate, Plan, key_hash};
 use super::write::{Spare, WriteTx};
-use super::{Deliverer, PassReport};
 use crate::openfga::Target;
 use crate::payload::Payload;
 use crate::store::{ClaimedRow, StoreError};
 use deadpool_postgres::GenericClient;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::warn;
 
-/// How soon a row naming a store is looked at again while the configured store's id, which it
-/// must be told apart from, cannot be resolved (`--store-name`, ListStores failing).
+/// How soon rows are looked at again while the configured store's id, which rows naming a
+/// store must be told apart from, cannot be resolved (`--store-name`, ListStores failing).
 const UNRESOLVED_STORE_WAIT: Duration = Duration::from_secs(1);
 
-/// The queue is not grown by reading ahead past this many pages' worth of rows: what a pass
-/// holds in memory stays bounded however many stores its rows name.
+/// The queue is not grown past this many reads' worth of rows: what the stream holds in memory
+/// stays bounded however many stores its rows name and however many rows are held back.
 pub(super) const AHEAD_PAGES: usize = 8;
 
-/// What a pass has read ahead, per store rows name: the last id read, and whether the store
-/// had no more pending rows then.
+/// For the stores rows name, whether reading ahead found no more of their pending rows, since
+/// the last read (which may have brought more).
 #[derive(Default)]
-pub(super) struct Ahead(HashMap<Arc<str>, (i64, bool)>);
+pub(super) struct Ahead(HashMap<Arc<str>, bool>);
 
 impl Ahead {
-    /// Whether row `id`, naming `store`, was read ahead already in this pass.
-    fn covers(&self, store: Option<&Arc<str>>, id: i64) -> bool {
-        store
-            .and_then(|s| self.0.get(s))
-            .is_some_and(|(last, _)| id <= *last)
-    }
-
     /// Whether reading ahead for `store` found its end already.
-    pub(super) fn done(&self, store: &str) -> bool {
-        self.0.get(store).is_some_and(|(_, done)| *done)
+    fn done(&self, store: &str) -> bool {
+        self.0.get(store).copied().unwrap_or(false)
     }
 }
 
+/// Why a row read cannot be queued yet.
+enum Unqueued {
+    /// The configured store's id is not known, so which lane the row is in is not either.
+    Unresolved,
+}
+
 impl Deliverer {
-    /// Reads the next page of pending rows into the queue. Returns the last id read and how
-    /// many rows, or `None` when there are no more. With `lock` (the first page of a pass), it
-    /// reads them locked, and returns the transaction that holds them if every row read went
-    /// into the queue.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads the lowest pending rows not in hand (of stores not held) into the queue: at most
+    /// `limit`. With `lock` (nothing in hand), it reads them locked, and keeps the transaction
+    /// that holds them for the next Write when every row read went into the queue. Returns how
+    /// many rows were read.
     pub(super) async fn read_page(
         &mut self,
-        from: i64,
-        batch: usize,
+        limit: usize,
         lock: bool,
-        ahead: &Ahead,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-    ) -> Result<(Option<(i64, usize)>, Option<Spare>), StoreError> {
+    ) -> Result<usize, StoreError> {
+        let hand = self.hand();
+        let closed = self.lanes.closed(self.client.configured_store_id());
+        let closed: Vec<&str> = closed.iter().map(String::as_str).collect();
         // A connection left inside a transaction by an error is closed, not pooled.
         let tx = WriteTx(Some(self.store.pool().get().await?));
         let conn = tx.conn();
         let locked = match lock {
-            true => self.store.claim_locked(conn, from, batch as i64).await?,
+            true => {
+                self.store
+                    .claim_locked(conn, &hand, &closed, limit as i64)
+                    .await?
+            }
             false => None,
         };
         // A transaction is open, holding the rows read.
         let mut open = locked.is_some();
         let rows = match locked {
             Some(rows) => rows,
-            None => self.store.claim(conn, from, batch as i64).await?,
-        };
-        let Some(last) = rows.last().map(|r| r.id) else {
-            if open {
-                tx.rollback().await?;
-            } else {
-                tx.finish();
-            }
-            return Ok((None, None));
+            None => self.store.claim(conn, &hand, &closed, limit as i64).await?,
         };
         let n = rows.len();
-        let ids = self
-            .queue_rows(conn, rows, &mut open, Some(ahead), queue, blocked, report)
-            .await?;
-        let spare = if open && ids.len() == n {
-            Some(Spare { tx, ids })
+        let (ids, stopped) = self.queue_rows(conn, rows, &mut open).await?;
+        if open && ids.len() == n && n > 0 {
+            self.spare = Some(Spare { tx, ids });
+        } else if open {
+            // A row held back: no Write will be this read.
+            tx.rollback().await?;
         } else {
-            if open {
-                // A row held back: no Write will be this page.
-                tx.rollback().await?;
-            } else {
-                tx.finish();
-            }
-            None
-        };
-        Ok((Some((last, n)), spare))
+            tx.finish();
+        }
+        // Stopped at a row that must wait: the rest is read again when it is due.
+        Ok(if stopped { 0 } else { n })
     }
 
     /// Takes rows read into the queue, in id order: a payload that cannot be read is
     /// dead-lettered (the transaction `open` says is open on `conn` rolled back first, as for
-    /// anything written); a row held back blocks its tuples; a row `ahead` covers (read ahead
-    /// already, this pass) is passed over. Returns the ids queued.
-    #[allow(clippy::too_many_arguments)]
+    /// anything written). Returns the ids queued, and whether it stopped at a row whose lane
+    /// cannot be told yet: no later row may overtake it; it is read again soon.
     async fn queue_rows(
         &mut self,
         conn: &deadpool_postgres::Client,
         rows: Vec<ClaimedRow>,
         open: &mut bool,
-        ahead: Option<&Ahead>,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-    ) -> Result<Vec<i64>, StoreError> {
-        let now = Instant::now();
+    ) -> Result<(Vec<i64>, bool), StoreError> {
         let mut ids = Vec::with_capacity(rows.len());
-        // The configured store's id, looked up at the first row naming a store (resolved from
-        // --store-name at the first need, so asked once a call at most); rows naming none go
-        // to it without it.
-        let mut configured: Option<Option<String>> = None;
         for row in rows {
-            let parsed = match &row.payload {
-                Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
-                Err(e) => Err(format!("malformed payload: {e}")),
-            };
-            let payload = match parsed {
-                Ok(p) => p,
-                Err(e) => {
-                    // Not in that transaction: the rows it holds may yet be let go.
-                    if std::mem::take(open) {
-                        conn.batch_execute("ROLLBACK").await?;
-                    }
-                    let read = row.payload.as_deref().ok();
-                    if !self.dead_letter(conn, row.id, &e, read, report).await? {
-                        // Held by another session, or changed since it was read: looked at
-                        // again soon, with what it says then.
-                        report.held += 1;
-                        report.locked += 1;
-                    }
-                    continue;
+            match self.queue_row(conn, row, open).await? {
+                Ok(Some(id)) => ids.push(id),
+                Ok(None) => {}
+                Err(Unqueued::Unresolved) => {
+                    self.due_at(Instant::now() + UNRESOLVED_STORE_WAIT);
+                    return Ok((ids, true));
                 }
-            };
-            if ahead.is_some_and(|a| a.covers(payload.store.as_ref(), row.id)) {
-                continue;
             }
-            // A row naming a store is keyed by it, unless it names the configured one, which
-            // must be known for that.
-            let target = match &payload.store {
-                None => Target::of(None, payload.model.as_ref(), ""),
-                Some(_) => {
-                    if configured.is_none() {
-                        configured = Some(match self.client.configured_store_id() {
-                            Some(id) => Some(id.to_owned()),
-                            None => self.client.store_id().await.ok().map(str::to_owned),
-                        });
-                    }
-                    let Some(Some(id)) = &configured else {
-                        // Which store it is cannot be told yet: looked at again soon.
-                        report.held += 1;
-                        report.due(now + UNRESOLVED_STORE_WAIT);
-                        continue;
-                    };
-                    Target::of(payload.store.as_ref(), payload.model.as_ref(), id)
-                }
-            };
-            let hashes: Vec<u64> = payload
-                .ops
-                .iter()
-                .map(|op| key_hash(target.store_key(), op.key()))
-                .collect();
-            let text: Arc<str> = row.payload.as_deref().unwrap_or_default().into();
-            if let Some(at) = self.memo.get(&row.id).and_then(|m| m.retry_at)
-                && at > now
-            {
-                blocked.extend(hashes.iter().copied());
-                report.held += 1;
-                report.due(at);
-                continue;
-            }
-            if row.retried && !self.memo.get(&row.id).is_some_and(|m| m.checked) {
-                // Not in the page's locked transaction: the note on the row must stay even if
-                // that transaction is rolled back.
+        }
+        Ok((ids, false))
+    }
+
+    /// Queues one row read; `Ok(None)` when it was dead-lettered (or could not be, and is looked
+    /// at again soon).
+    async fn queue_row(
+        &mut self,
+        conn: &deadpool_postgres::Client,
+        row: ClaimedRow,
+        open: &mut bool,
+    ) -> Result<Result<Option<i64>, Unqueued>, StoreError> {
+        let parsed = match &row.payload {
+            Ok(text) => Payload::parse_text(text).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("malformed payload: {e}")),
+        };
+        let payload = match parsed {
+            Ok(p) => p,
+            Err(e) => {
+                // Not in that transaction: the rows it holds may yet be let go.
                 if std::mem::take(open) {
                     conn.batch_execute("ROLLBACK").await?;
                 }
-                let configured = self.client.configured_store_id().map(str::to_owned);
-                self.skip_superseded(conn, row.id, &payload.ops, &target, configured.as_deref())
-                    .await?;
+                let read = row.payload.as_deref().ok();
+                if !self.dead_letter(conn, row.id, &e, read).await? {
+                    // Held by another session, or changed since it was read: looked at again
+                    // soon, with what it says then. Nothing later is queued meanwhile, as
+                    // which tuples it will touch is not known.
+                    self.report.held += 1;
+                    self.report.locked += 1;
+                    self.due_at(Instant::now() + super::LOCKED_ROWS_POLL);
+                    return Ok(Err(Unqueued::Unresolved));
+                }
+                return Ok(Ok(None));
             }
-            ids.push(row.id);
-            queue.insert(
-                row.id,
-                Candidate {
-                    id: row.id,
-                    created_at: row.created_at,
-                    ops: payload.ops,
-                    target,
-                    hashes,
-                    text,
-                },
+        };
+        let Some(target) = self.target_of(&payload).await else {
+            warn!(
+                id = row.id,
+                store = payload.store.as_deref().unwrap_or(""),
+                "a row names a store, and the configured store's id is not known yet \
+                 (--store-name cannot be resolved: is OpenFGA's ListStores answering?); the \
+                 row and those after it wait until it is"
             );
+            return Ok(Err(Unqueued::Unresolved));
+        };
+        let hashes: Vec<u64> = payload
+            .ops
+            .iter()
+            .map(|op| key_hash(target.store_key(), op.key()))
+            .collect();
+        let text: Arc<str> = row.payload.as_deref().unwrap_or_default().into();
+        if let Some(at) = row.retried
+            && self.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
+        {
+            // Not in the read's locked transaction: the note on the row must stay even if that
+            // transaction is rolled back.
+            if std::mem::take(open) {
+                conn.batch_execute("ROLLBACK").await?;
+            }
+            let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
+                // Which later rows are of its store cannot be told.
+                return Ok(Err(Unqueued::Unresolved));
+            };
+            self.skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
+                .await?;
+            self.memo.entry(row.id).or_default().checked = Some(at);
         }
-        Ok(ids)
+        self.queue.insert(
+            row.id,
+            Candidate {
+                id: row.id,
+                created_at: row.created_at,
+                ops: payload.ops,
+                target,
+                hashes,
+                text,
+            },
+        );
+        Ok(Ok(Some(row.id)))
     }
 
-    /// Reads ahead the next pending rows of `store` (a store rows name), from `from` (the
-    /// pass's next page) or past what was read ahead for it before, into the queue, for its
-    /// Write: at most `limit` (the caller reads ahead only while the queue holds fewer than
-    /// [`AHEAD_PAGES`] pages). Returns how many rows were read.
-    #[allow(clippy::too_many_arguments)]
+    /// The target of a row: a row naming a store is keyed by it, unless it names the
+    /// configured one, which must be known for that. `None` while it cannot be.
+    async fn target_of(&self, payload: &Payload) -> Option<Target> {
+        if payload.store.is_none() {
+            return Some(Target::of(None, payload.model.as_ref(), ""));
+        }
+        let configured = match self.client.configured_store_id() {
+            Some(id) => id,
+            None => self.client.store_id().await.ok()?,
+        };
+        Some(Target::of(
+            payload.store.as_ref(),
+            payload.model.as_ref(),
+            configured,
+        ))
+    }
+
+    /// Whether a planned Write to a store rows name is worth filling with that store's next
+    /// rows first: its rows in the queue fill less than half of it (rows spread over many
+    /// stores), more may be pending, and the queue has room.
+    pub(super) fn wants_more_of(&self, plan: &Plan) -> bool {
+        let batch = self.settings.batch_size.max(1);
+        plan.target
+            .store
+            .as_ref()
+            .is_some_and(|s| !self.ahead.done(s))
+            && plan.room
+            && plan.n_ops() * 2 < self.max_tuples
+            && self.queue.len() < AHEAD_PAGES * batch
+    }
+
+    /// How many rows to read ahead for `plan`'s store: as many as fill its Write at the plan's
+    /// operations per row (more would stay in the queue, and a queue full of such leftovers
+    /// reads ahead for no other store).
+    pub(super) fn ahead_for(&self, plan: &Plan) -> usize {
+        let per_row = plan.n_ops().div_ceil(plan.rows.len().max(1)).max(1);
+        (self.max_tuples - plan.n_ops()).div_ceil(per_row).max(1)
+    }
+
+    /// Reads ahead the lowest pending rows of `store` (a store rows name) not in hand, into
+    /// the queue: at most `limit`.
     pub(super) async fn read_ahead(
         &mut self,
         store: &Arc<str>,
-        from: i64,
         limit: usize,
-        ahead: &mut Ahead,
-        queue: &mut BTreeMap<i64, Candidate>,
-        blocked: &mut HashSet<u64>,
-        report: &mut PassReport,
-    ) -> Result<usize, StoreError> {
-        if ahead.done(store) {
-            return Ok(0);
-        }
-        let start = match ahead.0.get(store) {
-            Some((last, _)) => last.saturating_add(1).max(from),
-            None => from,
-        };
+    ) -> Result<(), StoreError> {
+        let hand = self.hand();
         let conn = self.store.pool().get().await?;
         let rows = self
             .store
-            .claim_store(&conn, store, start, limit as i64)
+            .claim_store(&conn, store, &hand, limit as i64)
             .await?;
         let n = rows.len();
-        let last = rows.last().map_or(start.saturating_sub(1), |r| r.id);
-        ahead.0.insert(store.clone(), (last, n < limit));
-        self.queue_rows(&conn, rows, &mut false, None, queue, blocked, report)
-            .await?;
-        Ok(n)
+        let (_, stopped) = self.queue_rows(&conn, rows, &mut false).await?;
+        self.ahead.0.insert(store.clone(), stopped || n < limit);
+        Ok(())
+    }
+
+    /// Puts rows back into the queue, in their place.
+    pub(super) fn requeue(&mut self, rows: Vec<Candidate>) {
+        for c in rows {
+            self.queue.insert(c.id, c);
+        }
+    }
+
+    /// Something comes due at `at`: the stream looks again then.
+    pub(super) fn due_at(&mut self, at: Instant) {
+        self.due = Some(self.due.map_or(at, |d| d.min(at)));
     }
 }

@@ -1,21 +1,21 @@
-//! One Write: its lock, its send, and the mark of the rows it finishes.
+//! One Write in flight: its lock, its send, and the mark of the rows it finishes.
 //!
 //! Up to a window of Writes are in flight at once, and no two of them touch the same tuple: a
 //! row on a tuple of a Write in flight waits for that Write's answer, and so does every later
-//! row on its tuples (the order rule with the Write still undecided). Rows are read a page at a
-//! time without locks; each Write runs in a transaction of its own that locks its rows
-//! (`FOR UPDATE SKIP LOCKED`: a row another session holds is not sent, and blocks its tuples;
-//! so does a row whose payload the lock finds changed since its page was read),
-//! sends the Write, and marks the rows delivered when OpenFGA accepts it. The exception is a
-//! pass's first page, read already locked: when it is exactly the first Write, that Write goes
-//! in the transaction that read it (see [`Spare`]). So rows are marked as
-//! their Writes are answered, no transaction spans more than one Write, and a crash sends again
-//! at most what was in flight. The window adapts as TCP's does: halved by a 429, a 5xx or a
-//! timeout, grown by one Write per window of successes, up to `--max-in-flight`. A
-//! `Retry-After` closes a gate every Write about to leave looks at, so that none goes out before
-//! the wait is over; and every Write about to leave asks the pass's `keep_going` (shutdown, the
-//! leader's lease) once more, so that a relay stopped while its rows were being locked sends
-//! nothing once continued.
+//! row on its tuples (the order rule with the Write still undecided). Rows are read without
+//! locks; each Write runs in a transaction of its own that locks its rows (`FOR UPDATE SKIP
+//! LOCKED`: a row another session holds is not sent, and keeps its tuples; so does a row whose
+//! payload the lock finds changed since it was read), sends the Write, and marks the rows
+//! delivered when OpenFGA accepts it. The exception is rows read with nothing in hand, read
+//! already locked: when they are exactly the next Write, that Write goes in the transaction that
+//! read them (see [`Spare`]). So rows are marked as their Writes are answered, no transaction
+//! spans more than one Write, and a crash sends again at most what was in flight. The window
+//! adapts as TCP's does: halved by a 429, a 5xx or a timeout, grown by one Write per window of
+//! successes, up to `--max-in-flight`. A `Retry-After` closes its store's gate, which every
+//! Write of that store about to leave looks at, so that none goes out before the wait is over;
+//! and every Write about to leave asks the stream's `keep_going` (shutdown, the leader's lease)
+//! once more, so that a relay stopped while its rows were being locked sends nothing once
+//! continued.
 
 use super::order::Plan;
 use super::{Deliverer, Memo};
@@ -37,11 +37,13 @@ pub(super) struct Flight {
     pub(super) keys: Vec<u64>,
     /// Rows all of whose operations this Write applies: marked delivered in its transaction.
     pub(super) complete: Vec<i64>,
+    /// Its store's `Retry-After` gate.
+    gate: Gate,
 }
 
-/// When OpenFGA asked (`Retry-After`) that no Write be sent before: set by the Write that got
-/// the answer, read by every Write about to leave, so that none already planned goes out
-/// meanwhile.
+/// When OpenFGA asked (`Retry-After`) that no Write to a store be sent before: set by the Write
+/// that got the answer, read by every Write of that store about to leave, so that none already
+/// planned goes out meanwhile.
 #[derive(Clone, Default)]
 pub(super) struct Gate(Arc<std::sync::Mutex<Option<Instant>>>);
 
@@ -62,7 +64,7 @@ impl Gate {
 
 /// How a Write ended.
 pub(super) enum Answer {
-    /// Not sent: OpenFGA asked for a pause meanwhile, or the pass was told to stop (shutdown,
+    /// Not sent: OpenFGA asked for a pause meanwhile, or the stream was told to stop (shutdown,
     /// leadership lost) while the rows were being locked. The rows go back to the queue.
     Deferred,
     /// These rows are held by another session, or changed since they were read: nothing was
@@ -73,7 +75,7 @@ pub(super) enum Answer {
 }
 
 impl Flight {
-    pub(super) fn new(plan: Plan, memo: &HashMap<i64, Memo>) -> Flight {
+    pub(super) fn new(plan: Plan, memo: &HashMap<i64, Memo>, gate: Gate) -> Flight {
         let keys = plan
             .rows
             .iter()
@@ -91,6 +93,7 @@ impl Flight {
             plan,
             keys,
             complete,
+            gate,
         }
     }
 
@@ -114,7 +117,7 @@ impl Flight {
     /// flight and, when OpenFGA accepts it, marks the rows it completes delivered. So rows are
     /// marked as their Writes are answered, and a crash leaves at most the Writes in flight to
     /// send again. `locked`: that transaction, already open with exactly these rows locked (the
-    /// pass's first page, see [`Spare`]).
+    /// rows read locked with nothing in hand, see [`Spare`]).
     pub(super) async fn fly(
         self,
         crew: Crew,
@@ -138,8 +141,8 @@ impl Flight {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<_, tokio_postgres::Error>>()?;
         // The Write sends what its lock sees: a row whose payload changed since its page was
-        // read (pages after the first are read without locks) is passed over as a row another
-        // session holds, and read again, as it is then, by the next pass.
+        // read (reads are without locks, but for the first with nothing in hand) is passed over as
+        // a row another session holds, and looked at again by id, as it is then.
         let missing: Vec<i64> = self
             .plan
             .rows
@@ -163,10 +166,10 @@ impl Flight {
             store,
             client,
             metrics,
-            gate,
             ask,
             window,
         } = crew;
+        let gate = &self.gate;
         let tx = match locked {
             Some(tx) => tx,
             None if gate.is_closed() => return Ok(Answer::Deferred),
@@ -179,7 +182,7 @@ impl Flight {
             tx.rollback().await?;
             return Ok(Answer::Deferred);
         }
-        // The pass's `keep_going` (shutdown, the lease) is asked again before the Write goes:
+        // The stream's `keep_going` (shutdown, the lease) is asked again before the Write goes:
         // the lock took a round trip since the Write was planned. The lease is asked once more
         // by the Write's body, as the connection writes it (see `send_window`).
         let (reply, answer) = oneshot::channel();
@@ -299,14 +302,13 @@ pub(super) async fn confirm_applied(
     })
 }
 
-/// What every Write of a pass goes with: the database, OpenFGA, the metrics, the `Retry-After`
-/// gate, the way back to the pass's `keep_going`, and the lease's send window.
+/// What every Write of a stream goes with: the database, OpenFGA, the metrics, the way back to
+/// the stream's `keep_going`, and the lease's send window.
 #[derive(Clone)]
 pub(super) struct Crew {
     pub(super) store: Store,
     pub(super) client: Arc<FgaClient>,
     pub(super) metrics: Metrics,
-    pub(super) gate: Gate,
     pub(super) ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     pub(super) window: SendWindow,
 }
@@ -343,10 +345,10 @@ impl Drop for WriteTx {
     }
 }
 
-/// The pass's first page, read and locked in a transaction of its own (claim_locked.sql). When
-/// the pass's first Write is that whole page (the few rows a wake-up finds), the Write goes in
-/// that transaction and needs no lock statement: a round trip less between a commit and OpenFGA.
-/// Otherwise it is rolled back before any Write locks rows.
+/// Rows read with nothing in hand, read and locked in a transaction of their own
+/// (claim_locked.sql). When the next Write is exactly those rows (the few rows a wake-up finds),
+/// it goes in that transaction and needs no lock statement: a round trip less between a commit
+/// and OpenFGA. Otherwise it is rolled back before any Write locks rows.
 pub(super) struct Spare {
     pub(super) tx: WriteTx,
     /// The rows it locked, in id order.

@@ -1,8 +1,10 @@
 //! `fga-relay drain`: delivers the rows pending at its start, leading itself when it can,
-//! otherwise waiting for the relay that leads; the run loop's pieces (`nap`, `guarded_pass`, the
-//! terms) are `Relay`'s, in `relay/mod.rs`.
+//! otherwise waiting for the relay that leads; the run loop's pieces (`nap`, `guarded_stream`,
+//! the terms) are `Relay`'s, in `relay/mod.rs`. It streams until nothing is left to do now, as
+//! often as needed.
 
 use super::{Relay, Term};
+use crate::delivery::Mode;
 use crate::listener::Session;
 use crate::pass_log::Trigger;
 use std::time::{Duration, Instant};
@@ -141,7 +143,11 @@ impl Relay {
             let keep_going = || {
                 !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost() && s.lease_valid()
             };
-            let Some(report) = self.guarded_pass(&mut deliverer, s, &keep_going).await else {
+            let stop = [shutdown, timer, s.lost()];
+            let Some(report) = self
+                .guarded_stream(&mut deliverer, s, &keep_going, &stop, Mode::UntilIdle)
+                .await
+            else {
                 continue;
             };
             let report = match report {
@@ -158,13 +164,13 @@ impl Relay {
                 Err(e) => return Err(e),
             };
             self.account(Trigger::Again, &report);
-            let wait = report.wait.or_else(|| {
-                (!report.did_work()).then(|| {
-                    report
-                        .next_due
-                        .map(|at| at.saturating_duration_since(Instant::now()))
-                        .unwrap_or(Duration::from_millis(50))
-                })
+            // Nothing left to do now: rows held back are due later, or the pending count did not
+            // yet see what was just marked.
+            let wait = (!report.did_work()).then(|| {
+                report
+                    .next_due
+                    .map(|at| at.saturating_duration_since(Instant::now()))
+                    .unwrap_or(Duration::from_millis(50))
             });
             if let Some(w) = wait {
                 self.nap(w, &[shutdown, timer]).await;

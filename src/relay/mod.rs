@@ -1,17 +1,18 @@
-//! `fga-relay run` and `fga-relay drain`: the loops around [`Deliverer::pass`].
+//! `fga-relay run` and `fga-relay drain`: leadership around [`Deliverer::stream`].
 //!
 //! One relay at a time delivers: the one holding the leadership lock on its dedicated
 //! connection, under a lease it renews at every heartbeat (see [`crate::leadership`]). The
 //! others are hot standbys that try to take the lock at every heartbeat, and end the holder's
-//! session once its lease has run out. The leader drains after every (re)connect, after every
-//! notification, and at every sweep; before it sleeps it takes the wake lock and looks once more
-//! (see `sql/schema/0002_wakeup.sql`).
+//! session once its lease has run out. The leader streams for as long as it leads: it reads
+//! rows as notifications announce them (it holds the wake lock whenever it waits with room in
+//! its window, so that writers notify; see `sql/schema/0002_wakeup.sql`), and the sweep catches
+//! what notifications miss.
 
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
 use crate::db::pooler::PoolerCheck;
 use crate::db::{PgConnect, SharedPg};
-use crate::delivery::{Deliverer, PassReport};
+use crate::delivery::{Controls, Deliverer, Mode, PassReport};
 use crate::leadership::{Backend, Lease, Taken};
 use crate::listener::{Session, SessionOptions};
 use crate::liveness::Liveness;
@@ -26,23 +27,15 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+mod bell;
 mod drain;
 
-/// A pass that delivered this many rows or more is not followed by a linger.
-const LINGER_BELOW: u64 = 500;
+use bell::SessionBell;
 
 /// Reconnecting the dedicated connection.
 const RECONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// Retrying after a database error during a pass.
 const DB_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-/// Looking again while writers hold the wake lock (they are inserting now, and skip NOTIFY).
-/// Quick at first, as writers' transactions are mostly short; capped at 2 s (1–2 s with jitter),
-/// because a writer's transaction may stay open for minutes and the relay must not run a pass
-/// every few milliseconds all that time: at the cap, a look (the lock, then a pass of three
-/// statements) costs about 3 statements a second. Rows committed meanwhile wait up to 2 s.
-const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(2));
-/// Looking again at rows another session holds: no notification announces that it let them go.
-const LOCKED_ROWS_POLL: Duration = Duration::from_millis(500);
 /// A session lost sooner than this after it opened counts as a failure to connect (backoff).
 const SHORT_SESSION: Duration = Duration::from_secs(10);
 /// Trying the leadership lock again right after ending a stale leader's session.
@@ -113,19 +106,6 @@ enum LeadEnd {
     Lost,
 }
 
-/// Resolves when the first of `tokens` is cancelled (never, for none).
-async fn any_cancelled(tokens: &[&CancellationToken]) {
-    let mut waits: Vec<_> = tokens.iter().map(|t| Box::pin(t.cancelled())).collect();
-    std::future::poll_fn(|cx| {
-        if waits.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await
-}
-
 impl Relay {
     /// Sleeps for `d`, or until one of `stop` fires (then returns false), beating meanwhile:
     /// waiting is the main loop's work too.
@@ -136,7 +116,7 @@ impl Relay {
             let step = until.min(tokio::time::Instant::now() + self.liveness.beat_interval());
             tokio::select! {
                 _ = tokio::time::sleep_until(step) => {}
-                _ = any_cancelled(stop) => return false,
+                _ = crate::shutdown::any_cancelled(stop) => return false,
             }
             if tokio::time::Instant::now() >= until {
                 return true;
@@ -215,30 +195,38 @@ impl Relay {
         self.store.pool().retain(|_, _| false);
     }
 
-    /// One pass, given up if the session is lost and the pass does not end within one Write's
-    /// deadline of that (its connections are frozen): its Writes may then still be in flight, so
-    /// retaking leadership waits for this process's own lease too, and the pool's connections,
-    /// which may be stuck the same way, are made anew. None when given up.
-    async fn guarded_pass(
+    /// Streams on `session` until `mode` says it ends, given up if the session is lost and the
+    /// stream does not end within one Write's deadline of that (its connections are frozen): its
+    /// Writes may then still be in flight, so retaking leadership waits for this process's own
+    /// lease too, and the pool's connections, which may be stuck the same way, are made anew.
+    /// None when given up.
+    async fn guarded_stream(
         &self,
         deliverer: &mut Deliverer,
         session: &Session,
-        keep_going: &dyn Fn() -> bool,
+        keep_going: &(dyn Fn() -> bool + Sync),
+        stop: &[&CancellationToken],
+        mode: Mode<'_>,
     ) -> Option<Result<PassReport, StoreError>> {
         let grace = self.delivery.fence(self.fga.request_timeout);
-        // A pass drains the whole backlog, which behind a slow OpenFGA takes longer than the
-        // liveness bound: it beats at each page read and each Write answered, so that a pass that
-        // moves is alive however long it lasts, and one stuck on a connection that never answers
-        // is not.
-        let pass = deliverer.pass(keep_going, session.send_window());
+        // A stream runs as long as the term, and drains a backlog that behind a slow OpenFGA
+        // takes longer than the liveness bound: it beats at each step (a read, a Write
+        // answered, a wait), so that one that moves is alive however long it lasts, and one
+        // stuck on a connection that never answers is not.
+        let stream = deliverer.stream(Controls {
+            keep_going,
+            stop,
+            window: session.send_window(),
+            mode,
+        });
         let given_up = async {
             session.lost().cancelled().await;
             tokio::time::sleep(grace).await;
         };
         tokio::select! {
-            r = pass => Some(r),
+            r = stream => Some(r),
             _ = given_up => {
-                warn!("a pass did not end after the connection was lost; giving it up");
+                warn!("delivery did not stop after the connection was lost; giving it up");
                 *locked(&self.terms.carry) = None;
                 self.store.pool().retain(|_, _| false);
                 None
@@ -473,172 +461,36 @@ impl Relay {
             return LeadEnd::Shutdown;
         }
         deliverer.forget();
-        let mut sweep = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.delivery.sweep_interval,
-            self.delivery.sweep_interval,
-        );
-        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut trigger = Trigger::Connect;
-        let mut db_failures = 0u32;
-        let mut spins = 0u32;
-        // The previous pass delivered rows.
-        let mut busy = false;
         let keep_going = || !shutdown.is_cancelled() && !session.is_lost() && session.lease_valid();
-        // The wake lock is still held after a wake-up: it is let go while the pass runs, not
-        // before, so that the first claim does not wait for it.
-        let mut holding_wake_lock = false;
+        let bell = SessionBell::new(session, self.delivery.sweep_interval);
+        let account = |trigger: Trigger, report: &PassReport| self.account(trigger, report);
+        let mut db_failures = 0u32;
         loop {
-            self.liveness.beat();
-            let notifications_before = self.metrics.notifications.get();
-            let pass = if holding_wake_lock {
-                holding_wake_lock = false;
-                let (pass, released) = tokio::join!(
-                    self.guarded_pass(deliverer, session, &keep_going),
-                    session.release_wake_lock()
-                );
-                if let Err(e) = released {
-                    warn!(error = %crate::db::describe(&e), "cannot release the wake lock");
+            let mode = Mode::Forever {
+                bell: &bell,
+                account: &account,
+            };
+            let Some(streamed) = self
+                .guarded_stream(deliverer, session, &keep_going, &stop, mode)
+                .await
+            else {
+                break;
+            };
+            match streamed {
+                Ok(report) => {
+                    // It ends only when told to.
+                    self.account(Trigger::Again, &report);
                     break;
                 }
-                pass
-            } else {
-                self.guarded_pass(deliverer, session, &keep_going).await
-            };
-            let Some(pass) = pass else { break };
-            let report = match pass {
-                Ok(r) => {
-                    db_failures = 0;
-                    r
-                }
                 Err(e) => {
-                    if self.read_only(&e) || self.pooled(&e) {
+                    if session.is_lost() || self.read_only(&e) || self.pooled(&e) {
                         break;
                     }
                     if !self.db_backoff(&e, &mut db_failures, &stop).await {
                         break;
                     }
-                    continue;
-                }
-            };
-            // A notification that came during the pass may explain the rows it found.
-            let credited = if notifications_before != self.metrics.notifications.get() {
-                Trigger::Notification
-            } else {
-                trigger
-            };
-            self.account(credited, &report);
-            if !keep_going() {
-                break;
-            }
-            if let Some(wait) = report.wait {
-                if !self.nap(wait, &stop).await {
-                    break;
-                }
-                trigger = Trigger::Again;
-                continue;
-            }
-            if report.did_work() {
-                trigger = Trigger::Again;
-                spins = 0;
-                // Rows keep coming (this pass and the one before found some): let a few
-                // milliseconds' worth gather rather than running a pass, a transaction and a
-                // Write for every row or two. Per row, that is less CPU for the relay and its
-                // PostgreSQL session (on the writers' server), and at most `--linger` more
-                // latency for rows committed under such a load (the trade-off is measured in
-                // BENCHMARKS.md).
-                if busy
-                    && !self.delivery.linger.is_zero()
-                    && !report.interrupted
-                    && report.delivered < LINGER_BELOW
-                    && !self.nap(self.delivery.linger, &stop).await
-                {
-                    break;
-                }
-                busy = true;
-                continue;
-            }
-            busy = false;
-            // Nothing to do. Take the wake lock, so that writers notify from now on, then look
-            // once more: a writer that skipped NOTIFY has committed by the time we hold it.
-            match session.try_wake_lock().await {
-                Ok(true) => spins = 0,
-                Ok(false) => {
-                    // Writers hold it: they are inserting right now. Drain again shortly.
-                    spins += 1;
-                    let wait = WAKE_LOCK_POLL.delay(spins);
-                    if !self.nap(wait, &stop).await {
-                        break;
-                    }
-                    trigger = Trigger::Again;
-                    continue;
-                }
-                Err(e) => {
-                    warn!(error = %crate::db::describe(&e), "cannot take the wake lock");
-                    break;
                 }
             }
-            let last_look = match self.guarded_pass(deliverer, session, &keep_going).await {
-                None => break,
-                Some(Ok(r)) => r,
-                Some(Err(e)) if self.read_only(&e) || self.pooled(&e) => break,
-                Some(Err(e)) => {
-                    warn!(error = %e, "database error while draining");
-                    PassReport {
-                        wait: Some(DB_BACKOFF.delay(1)),
-                        ..PassReport::default()
-                    }
-                }
-            };
-            self.account(Trigger::Again, &last_look);
-            if last_look.did_work() || last_look.wait.is_some() || !keep_going() {
-                if session.release_wake_lock().await.is_err() {
-                    break;
-                }
-                if let Some(wait) = last_look.wait
-                    && !self.nap(wait, &stop).await
-                {
-                    break;
-                }
-                trigger = Trigger::Again;
-                continue;
-            }
-            // Rows another session holds (a relay on its way out, a `drain`) are looked at again
-            // soon: no notification will say when they are let go.
-            let due = match (last_look.locked > 0).then(|| Instant::now() + LOCKED_ROWS_POLL) {
-                Some(soon) => Some(last_look.next_due.map_or(soon, |d| d.min(soon))),
-                None => last_look.next_due,
-            };
-            let retry = async {
-                match due {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::pin!(retry);
-            trigger = loop {
-                self.liveness.beat();
-                tokio::select! {
-                    // A notification that comes with a sweep tick explains the rows: checked
-                    // first, so that the sweep is credited only with rows nothing announced.
-                    biased;
-                    _ = session.wake().notified() => break Trigger::Notification,
-                    _ = sweep.tick() => break Trigger::Sweep,
-                    _ = &mut retry => break Trigger::Again,
-                    _ = shutdown.cancelled() => break Trigger::Again,
-                    _ = session.lost().cancelled() => break Trigger::Again,
-                    _ = tokio::time::sleep(self.liveness.beat_interval()) => {}
-                }
-            };
-            if session.is_lost() {
-                break;
-            }
-            if shutdown.is_cancelled() {
-                if let Err(e) = session.release_wake_lock().await {
-                    warn!(error = %crate::db::describe(&e), "cannot release the wake lock");
-                }
-                break;
-            }
-            holding_wake_lock = true;
         }
         if shutdown.is_cancelled() && !session.is_lost() {
             self.end_term(session, &term).await;

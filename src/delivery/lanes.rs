@@ -1,0 +1,200 @@
+//! A lane per store: each store the rows name (the rows naming none, and those naming the
+//! configured store, are one) has its own hold, its own `Retry-After`, and its own clock for
+//! judging answers. One store's trouble touches only its own rows:
+//!
+//! - A failure of a Write to a store (transient, throttled, configuration, an answer not
+//!   OpenFGA's) holds that store, with a backoff of its own: its rows are not planned, and its
+//!   backlog is not read, until the hold ends. The other stores' rows flow meanwhile. When
+//!   OpenFGA fails for every store, every lane is held on its own backoff: the relay backs off
+//!   as a whole because every lane it tried failed, never because one store's rows came first.
+//! - A `Retry-After` (a 429's, or a 503's) pauses its own store.
+//! - A row's transient failure is its own (a *strike*) only when other Writes to its store
+//!   succeeded since its previous failure and nearly all of them succeed: the traffic of other
+//!   stores says nothing about this one, so an outage of one store is never a strike against
+//!   its rows.
+//! - The window of Writes in flight is the relay's, shared by every lane: it is halved on a
+//!   store's failure only when no other store's Write succeeded lately (OpenFGA as a whole
+//!   struggling), so that one failing store leaves the window to the others.
+//!
+//! What is kept is bounded: the outcomes of the last minute (at most [`COMPARE_MAX`]), and a
+//! lane for each store seen lately (at most [`LANES_MAX`]).
+
+use super::write::Gate;
+use crate::backoff::Backoff;
+use crate::openfga::Target;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How far back the outcomes of other Writes are looked at to judge whether a row's failure is
+/// its own: long enough to hold many Writes of a busy relay, short enough to forget an outage
+/// that is over.
+const COMPARE_WINDOW: Duration = Duration::from_secs(60);
+/// At most this many outcomes are kept (a relay delivering thousands of Writes a minute needs
+/// no more to see whether most succeed).
+const COMPARE_MAX: usize = 1024;
+/// A row's failure is its own only if at least this many other Writes to its store succeeded in
+/// the window, and at most one in [`COMPARE_SHARE`] of the others failed. Under a flaky server
+/// failing half the Writes or more, the odds that a window of other Writes looks that clean by
+/// chance are below one in a hundred for a handful of Writes and vanish for a busy relay; a row
+/// that alone keeps failing while the traffic beside it flows meets both at once.
+const COMPARE_MIN_OK: usize = 4;
+const COMPARE_SHARE: usize = 4;
+/// The window is left as it is on a store's failure while a Write to another store succeeded
+/// this recently.
+const OTHERS_WINDOW: Duration = Duration::from_secs(5);
+/// Lanes kept before those idle and not held are forgotten (rows spread over many stores).
+const LANES_MAX: usize = 4096;
+
+/// The outcome of one Write, kept for [`COMPARE_WINDOW`].
+struct Outcome {
+    at: Instant,
+    failed: bool,
+    /// The row, for a Write that carried one row alone: its own failures are not "others'".
+    alone: Option<i64>,
+    /// Its store (`None`: the configured one).
+    store: Option<Arc<str>>,
+}
+
+/// One store's lane.
+#[derive(Default)]
+pub(super) struct Lane {
+    /// Its failures since it last succeeded.
+    streak: u32,
+    /// Its rows are neither planned nor read until then.
+    held_until: Option<Instant>,
+    /// OpenFGA's `Retry-After` for it: no Write of its leaves before.
+    gate: Gate,
+    /// Counts its successful Writes: a row's failure counts as a strike only if this moved
+    /// since its previous failure.
+    pub(super) epoch: u64,
+}
+
+/// Every lane, and the outcomes of recent Writes.
+#[derive(Default)]
+pub(super) struct Lanes {
+    lanes: HashMap<Option<Arc<str>>, Lane>,
+    recent: VecDeque<Outcome>,
+}
+
+impl Lanes {
+    fn lane(&mut self, target: &Target) -> &mut Lane {
+        if self.lanes.len() >= LANES_MAX && !self.lanes.contains_key(&target.store) {
+            let now = Instant::now();
+            self.lanes
+                .retain(|_, l| l.held_until.is_some_and(|t| t > now) || l.gate.is_closed());
+        }
+        self.lanes.entry(target.store.clone()).or_default()
+    }
+
+    /// The `Retry-After` gate of `target`'s store, for a Write about to leave.
+    pub(super) fn gate(&mut self, target: &Target) -> Gate {
+        self.lane(target).gate.clone()
+    }
+
+    /// Its store's success counter.
+    pub(super) fn epoch(&mut self, target: &Target) -> u64 {
+        self.lane(target).epoch
+    }
+
+    /// Records a Write's outcome. A success ends its store's hold.
+    pub(super) fn note(&mut self, failed: bool, alone: Option<i64>, target: &Target) {
+        let now = Instant::now();
+        while self.recent.len() >= COMPARE_MAX
+            || self
+                .recent
+                .front()
+                .is_some_and(|o| now.duration_since(o.at) > COMPARE_WINDOW)
+        {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(Outcome {
+            at: now,
+            failed,
+            alone,
+            store: target.store.clone(),
+        });
+        if !failed {
+            let lane = self.lane(target);
+            lane.epoch += 1;
+            lane.streak = 0;
+            lane.held_until = None;
+        }
+    }
+
+    /// Whether the recent Writes to `target`'s store that did not carry row `id` alone nearly
+    /// all succeeded: then a failure of that row is its own, not one that hits its store.
+    pub(super) fn others_nearly_all_succeed(&self, id: i64, target: &Target) -> bool {
+        let now = Instant::now();
+        let (mut ok, mut failed) = (0usize, 0usize);
+        for o in &self.recent {
+            if o.alone == Some(id)
+                || o.store != target.store
+                || now.duration_since(o.at) > COMPARE_WINDOW
+            {
+                continue;
+            }
+            if o.failed {
+                failed += 1;
+            } else {
+                ok += 1;
+            }
+        }
+        ok >= COMPARE_MIN_OK && failed * COMPARE_SHARE <= ok + failed
+    }
+
+    /// Whether a Write to another store than `target`'s succeeded within [`OTHERS_WINDOW`]:
+    /// then a failure of `target`'s is its store's alone, and the window stays.
+    pub(super) fn others_flow(&self, target: &Target) -> bool {
+        let now = Instant::now();
+        self.recent
+            .iter()
+            .rev()
+            .take_while(|o| now.duration_since(o.at) <= OTHERS_WINDOW)
+            .any(|o| o.store != target.store && !o.failed)
+    }
+
+    /// Holds `target`'s store on `schedule`, or for the server's `Retry-After` (then its gate
+    /// closes too, for Writes of its already on their way); returns until when.
+    pub(super) fn hold(
+        &mut self,
+        target: &Target,
+        schedule: Backoff,
+        retry_after: Option<Duration>,
+    ) -> Instant {
+        let lane = self.lane(target);
+        lane.streak += 1;
+        let until = Instant::now() + retry_after.unwrap_or_else(|| schedule.delay(lane.streak));
+        lane.held_until = Some(lane.held_until.map_or(until, |t| t.max(until)));
+        if retry_after.is_some() {
+            lane.gate.close_until(until);
+        }
+        until
+    }
+
+    /// Until when `target`'s store is held, if it is now.
+    pub(super) fn held(&self, target: &Target) -> Option<Instant> {
+        let lane = self.lanes.get(&target.store)?;
+        lane.held_until.filter(|at| *at > Instant::now())
+    }
+
+    /// The stores held now, as their rows' `store_id` is matched when reading (`""`: the
+    /// configured store's rows naming none; `configured`, its id, for those naming it).
+    pub(super) fn closed(&self, configured: Option<&str>) -> Vec<String> {
+        let now = Instant::now();
+        let mut closed = Vec::new();
+        for (store, lane) in &self.lanes {
+            if !lane.held_until.is_some_and(|t| t > now) {
+                continue;
+            }
+            match store {
+                Some(s) => closed.push(s.to_string()),
+                None => {
+                    closed.push(String::new());
+                    closed.extend(configured.map(str::to_owned));
+                }
+            }
+        }
+        closed
+    }
+}

@@ -1,0 +1,302 @@
+//! The stream's turns: what one call of [`Deliverer::stream`] keeps (the Writes in flight, the
+//! wake lock, why it read), and the steps of a turn: read if rows are wanted, launch what may
+//! go, settle what is left over, wait for the next thing to happen.
+
+use super::write::Crew;
+use super::write::Flight;
+use super::{Asks, Controls, Deliverer, Flights, Mode, PassReport, read};
+use crate::backoff::Backoff;
+use crate::store::StoreError;
+use crate::wake::Trigger;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Trying the wake lock again while writers hold it (they are inserting now, and skip NOTIFY):
+/// quick at first, as writers' transactions are mostly short; capped at 2 s, because a writer's
+/// transaction may stay open for minutes and the relay must not read every few milliseconds all
+/// that time. Rows committed meanwhile wait up to 2 s.
+const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(2));
+
+/// What one call of the stream keeps.
+pub(super) struct Turn<'a> {
+    pub(super) crew: Crew,
+    keep_going: &'a (dyn Fn() -> bool + Sync),
+    asked: Asks,
+    pub(super) flights: Flights,
+    /// Writes may still be planned and sent.
+    pub(super) launching: bool,
+    failed: Option<StoreError>,
+    /// What made the stream read since it last said what it did.
+    pub(super) trigger: Trigger,
+    /// The wake lock is held: writers notify.
+    listening: bool,
+    /// Tries of the wake lock that writers' locks refused in a row.
+    spins: u32,
+    /// When to try the wake lock again after a refusal.
+    listen_at: Option<Instant>,
+    /// A read put off by `--linger` is due then.
+    pub(super) linger_until: Option<Instant>,
+}
+
+impl<'a> Turn<'a> {
+    pub(super) fn new(d: &Deliverer, controls: &Controls<'a>) -> Turn<'a> {
+        let (ask, asked) = mpsc::unbounded_channel();
+        Turn {
+            keep_going: controls.keep_going,
+            crew: Crew {
+                store: d.store.clone(),
+                client: d.client.clone(),
+                metrics: d.metrics.clone(),
+                ask,
+                window: controls.window.clone(),
+            },
+            asked,
+            flights: Flights::new(),
+            launching: true,
+            failed: None,
+            trigger: match controls.mode {
+                Mode::Forever { .. } => Trigger::Connect,
+                Mode::UntilIdle => Trigger::Again,
+            },
+            listening: false,
+            spins: 0,
+            listen_at: None,
+            linger_until: None,
+        }
+    }
+
+    /// Stops on an error: nothing more is sent; the Writes in flight land.
+    pub(super) fn fail(&mut self, e: StoreError) {
+        self.failed.get_or_insert(e);
+        self.launching = false;
+    }
+
+    /// Stops as asked (shutdown, leadership lost).
+    pub(super) fn stop(&mut self, report: &mut PassReport) {
+        report.interrupted = true;
+        self.launching = false;
+    }
+
+    /// Ends the call: lets the wake lock go, and says how it ended.
+    pub(super) async fn end(mut self, d: &mut Deliverer) -> Result<(), StoreError> {
+        d.release_spare(&mut self).await;
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Lets the wake lock go (writers stop notifying), if held.
+    pub(super) async fn mute(&mut self, controls: &Controls<'_>) {
+        if !std::mem::take(&mut self.listening) {
+            return;
+        }
+        if let Mode::Forever { bell, .. } = &controls.mode
+            && let Err(e) = bell.mute().await
+        {
+            self.fail(e.into());
+        }
+    }
+}
+
+impl Deliverer {
+    /// Reads the lowest pending rows not in hand, if rows are wanted and the queue has room
+    /// for them.
+    pub(super) async fn read_if_wanted(&mut self, turn: &mut Turn<'_>) {
+        turn.linger_until = None;
+        if !self.want_read {
+            return;
+        }
+        let batch = self.settings.batch_size.max(1);
+        let ready = self.queue.len().saturating_sub(self.stuck);
+        if ready >= batch || self.queue.len() >= read::AHEAD_PAGES * batch {
+            return;
+        }
+        // Rows keep coming while Writes fly: let `--linger` worth of them gather rather than
+        // reading a row or two at a time (less CPU per row for the relay and its sessions).
+        if !turn.flights.is_empty()
+            && !self.settings.linger.is_zero()
+            && let Some(last) = self.last_read
+            && last.elapsed() < self.settings.linger
+        {
+            turn.linger_until = Some(last + self.settings.linger);
+            return;
+        }
+        // With nothing in hand, the rows read are likely the next Write: read them locked, and
+        // no larger than a Write can be, so that a read that is not one costs few locks.
+        let lock = self.queue.is_empty() && self.spare.is_none();
+        let limit = if lock {
+            batch.min(self.max_tuples)
+        } else {
+            batch
+        };
+        match self.read_page(limit, lock).await {
+            Ok(n) => {
+                self.want_read = n >= limit;
+                self.last_read = (n > 0).then(Instant::now);
+                self.ahead = read::Ahead::default();
+            }
+            Err(e) => turn.fail(e),
+        }
+    }
+
+    /// Plans and sends Writes while the window has room.
+    pub(super) async fn launch(&mut self, turn: &mut Turn<'_>) {
+        self.due = None;
+        self.stuck = 0;
+        while turn.launching && turn.flights.len() < self.window() {
+            let Some(plan) = self.plan_write() else {
+                break;
+            };
+            if self.wants_more_of(&plan) {
+                let Some(store) = plan.target.store.clone() else {
+                    break;
+                };
+                let want = self.ahead_for(&plan);
+                self.requeue(plan.into_rows());
+                if let Err(e) = self.read_ahead(&store, want).await {
+                    turn.fail(e);
+                }
+                continue;
+            }
+            if !(turn.keep_going)() {
+                turn.launching = false;
+                self.report.interrupted = true;
+                self.requeue(plan.into_rows());
+                break;
+            }
+            let locked = match self.spare.take() {
+                Some(s) if s.fits(&plan) => Some(s.tx),
+                Some(s) => {
+                    if let Err(e) = s.tx.rollback().await {
+                        turn.fail(e.into());
+                        self.requeue(plan.into_rows());
+                        break;
+                    }
+                    None
+                }
+                None => None,
+            };
+            let gate = self.lanes.gate(&plan.target);
+            let flight = Flight::new(plan, &self.memo, gate);
+            for h in &flight.keys {
+                *self.in_flight.entry(*h).or_default() += 1;
+            }
+            self.flying.extend(flight.plan.ids());
+            self.report.writes += 1;
+            turn.flights.spawn(flight.fly(turn.crew.clone(), locked));
+            self.metrics.writes_in_flight.set(turn.flights.len() as i64);
+        }
+    }
+
+    /// What is left over after launching: the locked read no Write used is let go (before
+    /// anything else locks its rows), and rows with nothing left to send are marked.
+    pub(super) async fn settle(&mut self, turn: &mut Turn<'_>) {
+        self.release_spare(turn).await;
+        if let Err(e) = self.mark_finished().await {
+            turn.fail(e);
+        }
+    }
+
+    pub(super) async fn release_spare(&mut self, turn: &mut Turn<'_>) {
+        if let Some(s) = self.spare.take()
+            && let Err(e) = s.tx.rollback().await
+        {
+            turn.fail(e.into());
+        }
+    }
+
+    /// Waits for the next thing to happen: a Write's answer or its question, a notification
+    /// or sweep, a row or store coming due, a put-off read, a stop. Before waiting with nothing
+    /// to read and room in the window, the stream takes the wake lock (writers notify from then
+    /// on) and reads once more: a writer that skipped NOTIFY has committed by then.
+    pub(super) async fn wait(&mut self, turn: &mut Turn<'_>, controls: &Controls<'_>) {
+        if !turn.launching && turn.flights.is_empty() {
+            return;
+        }
+        let room = turn.flights.len() < self.window();
+        if let Mode::Forever { bell, .. } = &controls.mode {
+            if turn.listening && (self.want_read || !room) {
+                // Busy: it reads anyway, so writers need not notify.
+                turn.mute(controls).await;
+            } else if turn.launching
+                && !turn.listening
+                && !self.want_read
+                && room
+                && turn.listen_at.is_none_or(|t| t <= Instant::now())
+            {
+                match bell.listen().await {
+                    Ok(true) => {
+                        turn.listening = true;
+                        turn.spins = 0;
+                        turn.listen_at = None;
+                        self.want_read = true;
+                        return;
+                    }
+                    Ok(false) => {
+                        turn.spins += 1;
+                        turn.listen_at = Some(Instant::now() + WAKE_LOCK_POLL.delay(turn.spins));
+                    }
+                    Err(e) => {
+                        turn.fail(e.into());
+                        return;
+                    }
+                }
+            }
+        }
+        let due = [self.due, turn.linger_until, turn.listen_at]
+            .into_iter()
+            .flatten()
+            .min();
+        let timer = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let rung = async {
+            match &controls.mode {
+                Mode::Forever { bell, .. } if turn.listening => bell.rung().await,
+                _ => std::future::pending().await,
+            }
+        };
+        let stop = crate::shutdown::any_cancelled(controls.stop);
+        let beat = self.liveness.beat_interval();
+        tokio::select! {
+            biased;
+            Some(reply) = turn.asked.recv() => {
+                let go = (controls.keep_going)();
+                if !go {
+                    turn.stop(&mut self.report);
+                }
+                let _ = reply.send(go);
+            }
+            Some(joined) = turn.flights.join_next(), if !turn.flights.is_empty() => {
+                self.metrics.writes_in_flight.set(turn.flights.len() as i64);
+                match joined {
+                    Ok((flight, answer)) => {
+                        if let Err(e) = self.land(flight, answer).await {
+                            turn.fail(e);
+                        }
+                    }
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    // Only aborted tasks end otherwise, and none is aborted while it runs.
+                    Err(_) => {}
+                }
+            }
+            trigger = rung => {
+                self.want_read = true;
+                if turn.trigger == Trigger::Again || trigger == Trigger::Notification {
+                    turn.trigger = trigger;
+                }
+            }
+            _ = timer => {
+                // A row or store came due (its store's rows are read again), or a put-off read.
+                self.due = None;
+                self.want_read = true;
+            }
+            _ = stop => {}
+            _ = tokio::time::sleep(beat) => {}
+        }
+    }
+}
