@@ -291,11 +291,14 @@ impl Deliverer {
                 }
             }
             _ = timer => {
-                // A row or store came due (its store's rows are read again), or a put-off read.
+                // A row or store came due (its store's rows are read again), a put-off read, or
+                // the wake lock's next try.
                 self.due = None;
                 self.want_read = true;
+                turn.listen_at = None;
             }
-            _ = stop => {}
+            // Once stopped, only the Writes in flight are waited for.
+            _ = stop, if turn.launching => {}
             _ = tokio::time::sleep(beat) => {}
         }
     }

@@ -28,6 +28,7 @@ mod sessions;
 mod settings;
 mod signals;
 mod stores;
+mod stream;
 mod summary;
 mod version;
 mod wait;

@@ -1,0 +1,310 @@
+//! Delivery as one stream with a lane per store: a row committed while Writes fly goes at once,
+//! a row committed late is never overtaken, and one store's trouble (a failing backlog, an
+//! outage after it worked, a `Retry-After`, wrong settings) never touches another store's rows.
+//! Each test failed on the relay that delivered in passes.
+
+use crate::common::fga::{Fault, FaultRule, Op};
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, deletes, insert_with, tk, wait_until, writes};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// `payload`, naming `store`.
+fn in_store(mut payload: Value, store: &str) -> Value {
+    payload["store_id"] = json!(store);
+    payload
+}
+
+/// A row committed while a Write is in flight is read and sent at once, beside it: it does not
+/// wait for that Write to be answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_while_a_write_flies_goes_at_once() {
+    let env = Env::start().await;
+    env.fga.push_fault(
+        FaultRule::times(Fault::Delay(Duration::from_secs(6)), 1).when_tuple(
+            "user:slow",
+            "viewer",
+            "document:1",
+        ),
+    );
+    let relay = env.start_relay().await;
+    let slow = env
+        .insert(writes(&[tk("user:slow", "viewer", "document:1")]))
+        .await;
+    wait_until(PROMPTLY, "the slow Write reaches OpenFGA", || async {
+        env.fga.write_count() >= 1
+    })
+    .await;
+    let quick = env
+        .insert(writes(&[tk("user:quick", "viewer", "document:2")]))
+        .await;
+    wait_until(
+        Duration::from_secs(4),
+        "the row committed while a Write flies is delivered",
+        || async { env.row(quick).await.delivered },
+    )
+    .await;
+    assert!(
+        !env.row(slow).await.delivered,
+        "the slow Write was answered first; relay log:\n{}",
+        relay.logs()
+    );
+    env.wait_drained().await;
+}
+
+/// A relay whose window is full still takes a newly committed row as soon as a Write lands,
+/// and, with room again and nothing to read, holds the wake lock: writers notify it, and a row
+/// committed then is delivered without a sweep (the tests' sweep is an hour away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_with_a_full_window_picks_up_a_new_row_and_writers_notify_it() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(1500)),
+        2,
+    ));
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_IN_FLIGHT", "1")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let first = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    wait_until(PROMPTLY, "the first Write reaches OpenFGA", || async {
+        env.fga.write_count() >= 1
+    })
+    .await;
+    let second = env
+        .insert(writes(&[tk("user:b", "viewer", "document:2")]))
+        .await;
+    env.wait_delivered(first).await;
+    env.wait_delivered(second).await;
+    // Idle again, with room: writers notify.
+    let admin = env.db.connect().await;
+    wait_until(PROMPTLY, "the relay holds the wake lock", || async {
+        crate::common::relay::relay_sleeps(&admin, true).await
+    })
+    .await;
+    let third = env
+        .insert(writes(&[tk("user:c", "viewer", "document:3")]))
+        .await;
+    // Only a notification can explain it: nothing else makes a waiting relay read.
+    wait_until(
+        PROMPTLY,
+        "the row committed at rest is delivered",
+        || async { env.row(third).await.delivered },
+    )
+    .await;
+    drop(relay);
+}
+
+/// A row that commits late, with an id below rows read already, is never overtaken by a row
+/// committed after it on the same tuple: writer 1 inserts the grant (the lowest id) and commits
+/// only once the relay's first Write has left; writer 2, serialised behind it on a business
+/// lock as docs/writing.md tells writers to do, then commits the revoke. OpenFGA must apply the
+/// grant, then the revoke, and end without the tuple.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_late_is_never_overtaken_by_a_later_row_on_its_tuple() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(200)),
+        1_000_000,
+    ));
+    let writer1 = env.db.connect().await;
+    writer1
+        .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(4242)")
+        .await
+        .expect("writer 1 begins");
+    let grant = insert_with(&writer1, writes(&[tk("user:late", "viewer", "document:x")])).await;
+    let others = env.db.connect().await;
+    for j in 0..150 {
+        insert_with(
+            &others,
+            writes(&[tk(&format!("user:o{j}"), "viewer", "document:1")]),
+        )
+        .await;
+    }
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+        ("FGA_RELAY_BATCH_SIZE", "10"),
+    ]);
+    wait_until(PROMPTLY, "the first Write reaches OpenFGA", || async {
+        env.fga.write_count() >= 1
+    })
+    .await;
+    let writer2 = env.db.connect().await;
+    let revoke = tokio::spawn(async move {
+        writer2
+            .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(4242)")
+            .await
+            .expect("writer 2 waits for writer 1");
+        let id = insert_with(
+            &writer2,
+            deletes(&[tk("user:late", "viewer", "document:x")]),
+        )
+        .await;
+        writer2
+            .batch_execute("COMMIT")
+            .await
+            .expect("writer 2 commits");
+        id
+    });
+    writer1
+        .batch_execute("COMMIT")
+        .await
+        .expect("writer 1 commits");
+    let revoke = revoke.await.expect("writer 2");
+    assert!(grant < revoke);
+    env.wait_drained_within(Duration::from_secs(60)).await;
+    assert!(
+        !env.fga.has("user:late", "viewer", "document:x"),
+        "OpenFGA holds the tuple: the grant committed late was applied after the revoke; \
+         relay log:\n{}",
+        relay.logs()
+    );
+    let order: Vec<Op> = env
+        .fga
+        .changelog()
+        .into_iter()
+        .filter(|c| c.user == "user:late")
+        .map(|c| c.op)
+        .collect();
+    assert_eq!(order, [Op::Write, Op::Delete], "the order OpenFGA applied");
+}
+
+/// Rows of one store whose Writes keep failing sit at the head of the table: another store's
+/// rows, committed after them, are delivered promptly, one after the other, while the failing
+/// store's rows stay pending and none is dead-lettered.
+async fn another_store_flows_while_one_fails(fault: Fault) {
+    let env = Env::start().await;
+    let failing = env.fga.store_id().to_owned();
+    let healthy = env.fga.add_store();
+    env.fga
+        .push_fault(FaultRule::times(fault, 1_000_000).when_store(&failing));
+    let client = env.db.connect().await;
+    client
+        .batch_execute(
+            "INSERT INTO fga_outbox (payload) SELECT jsonb_build_object('writes', \
+             jsonb_build_array(jsonb_build_object('user', 'user:f' || i, 'relation', 'viewer', \
+             'object', 'document:1'))) FROM generate_series(1, 3000) i",
+        )
+        .await
+        .expect("the failing store's backlog");
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(PROMPTLY, "the failing store's Writes fail", || async {
+        env.fga.writes().iter().any(|w| w.store == failing)
+    })
+    .await;
+    for j in 0..6 {
+        let id = env
+            .insert(in_store(
+                writes(&[tk(&format!("user:h{j}"), "viewer", "document:1")]),
+                &healthy,
+            ))
+            .await;
+        let at = Instant::now();
+        wait_until(
+            Duration::from_secs(5),
+            "the healthy store's row is delivered",
+            || async { env.row(id).await.delivered },
+        )
+        .await;
+        assert!(at.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert_eq!(env.dead().await, 0, "relay log:\n{}", relay.logs());
+    assert_eq!(env.pending().await, 3000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failing_with_a_backlog_at_the_head_never_delays_another_store() {
+    another_store_flows_while_one_fails(Fault::internal()).await;
+}
+
+/// Wrong settings for one store (a 403 with its slow backoff, up to 30 s): the other store's
+/// rows do not wait it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_refused_for_its_settings_never_delays_another_store() {
+    another_store_flows_while_one_fails(Fault::status(403, "forbidden", "no access to store"))
+        .await;
+}
+
+/// A `Retry-After` pauses its own store only: the other store's row goes at once, the throttled
+/// store's after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_pauses_only_its_own_store() {
+    let env = Env::start().await;
+    let throttled = env.fga.store_id().to_owned();
+    let other = env.fga.add_store();
+    env.fga
+        .push_fault(FaultRule::once(Fault::rate_limited(20)).when_store(&throttled));
+    let relay = env.start_relay().await;
+    let paused = env
+        .insert(writes(&[tk("user:p", "viewer", "document:1")]))
+        .await;
+    wait_until(
+        PROMPTLY,
+        "the throttled store's Write is answered 429",
+        || async { env.fga.write_count() >= 1 },
+    )
+    .await;
+    let flowing = env
+        .insert(in_store(
+            writes(&[tk("user:q", "viewer", "document:1")]),
+            &other,
+        ))
+        .await;
+    wait_until(
+        Duration::from_secs(5),
+        "the other store's row is delivered during the wait",
+        || async { env.row(flowing).await.delivered },
+    )
+    .await;
+    assert!(
+        !env.row(paused).await.delivered,
+        "the throttled store did not wait; relay log:\n{}",
+        relay.logs()
+    );
+    env.wait_drained_within(Duration::from_secs(40)).await;
+    assert_eq!(env.dead().await, 0);
+}
+
+/// A store that worked, then fails alone while another store flows: its rows are never struck
+/// for it (`--max-attempts 2`), and all are delivered once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_fails_after_working_has_no_row_dead_lettered() {
+    let env = Env::start().await;
+    let failing = env.fga.store_id().to_owned();
+    let flowing = env.fga.add_store();
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    // It works: its recent Writes all succeed.
+    for j in 0..8 {
+        let id = env
+            .insert(writes(&[tk(&format!("user:w{j}"), "viewer", "document:1")]))
+            .await;
+        env.wait_delivered(id).await;
+    }
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 1_000_000).when_store(&failing));
+    let started = Instant::now();
+    let mut j = 0;
+    while started.elapsed() < Duration::from_secs(12) {
+        env.insert(writes(&[tk(&format!("user:x{j}"), "viewer", "document:1")]))
+            .await;
+        env.insert(in_store(
+            writes(&[tk(&format!("user:y{j}"), "viewer", "document:1")]),
+            &flowing,
+        ))
+        .await;
+        j += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        env.dead().await,
+        0,
+        "rows of the failing store were dead-lettered; relay log:\n{}",
+        relay.logs()
+    );
+    env.fga.clear_faults();
+    env.wait_drained_within(Duration::from_secs(30)).await;
+    assert_eq!(env.dead().await, 0);
+}
