@@ -33,14 +33,12 @@
 //!
 //! Every failed attempt updates `attempts` and `last_error` of the rows concerned.
 
-use super::order::{Candidate, Plan};
-use super::write::{Answer, Flight};
-use super::{Deliverer, LOCKED_ROWS_POLL};
+use super::core::{Core, Effects, Flight};
+use super::order::{Candidate, Plan, key_hash};
 use crate::backoff::Backoff;
 use crate::openfga::{FailureClass, WriteError};
 use crate::payload::Payload;
-use crate::store::StoreError;
-use deadpool_postgres::GenericClient;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
@@ -54,55 +52,38 @@ pub const CONFIG_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duratio
 /// Backoff of one row that keeps failing while others are delivered.
 pub const ROW_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
-impl Deliverer {
-    /// A Write succeeded: grow the window by one Write per window's worth of successes.
-    fn widen(&mut self) {
-        let max = self.settings.max_in_flight.max(1) as f64;
-        self.window = (self.window + 1.0 / self.window).min(max);
-        self.metrics.write_window.set(self.window() as i64);
-    }
-
-    /// OpenFGA struggles (429, 5xx, timeout): halve the window.
-    fn narrow(&mut self) {
-        self.window = (self.window / 2.0).max(1.0);
-        self.metrics.write_window.set(self.window() as i64);
-    }
-
-    /// A Write landed: its tuples and rows are no longer in flight; account for its answer.
-    pub(super) async fn land(
-        &mut self,
-        flight: Flight,
-        answer: Result<Answer, StoreError>,
-    ) -> Result<(), StoreError> {
-        for h in &flight.keys {
-            if let Some(n) = self.in_flight.get_mut(h) {
-                *n -= 1;
-                if *n == 0 {
-                    self.in_flight.remove(h);
-                }
-            }
-        }
-        for id in flight.plan.ids() {
-            self.flying.remove(&id);
-        }
-        self.liveness.beat();
-        self.landed(flight, answer).await
-    }
-
-    /// A Write answered (or not sent, its rows held elsewhere): account for it.
-    async fn landed(
-        &mut self,
-        flight: Flight,
-        answer: Result<Answer, StoreError>,
-    ) -> Result<(), StoreError> {
-        let finished = match &answer {
-            Ok(Answer::Sent(Err(e))) => flight.finished_by(e),
-            _ => None,
+impl Flight {
+    /// The row an "already applied" answer finishes: the one whose only operation in this
+    /// Write is the one OpenFGA already had, if the Write completes it.
+    pub(super) fn finished_by(&self, e: &WriteError) -> Option<i64> {
+        let WriteError::AlreadyApplied { op, .. } = e else {
+            return None;
         };
-        let Flight { plan, .. } = flight;
+        let r = match op {
+            Some(i) => Core::locate(&self.plan, *i)?.0,
+            // Unnamed: only a Write of one operation says which.
+            None if self.plan.n_ops() == 1 => 0,
+            None => return None,
+        };
+        let (c, idx) = self.plan.rows.get(r)?;
+        (idx.len() == 1 && self.complete.contains(&c.id)).then_some(c.id)
+    }
+}
+
+impl Core {
+    /// OpenFGA answered a Write (its rows finished by it are marked delivered already, in its
+    /// transaction): what it means for its rows, its store and the window.
+    pub(super) fn judge(
+        &mut self,
+        flight: Flight,
+        result: Result<(), WriteError>,
+        now: Instant,
+    ) -> Effects {
+        let mut fx = Effects::default();
+        let finished = result.as_ref().err().and_then(|e| flight.finished_by(e));
+        let plan = flight.plan;
         if let Some(id) = finished {
-            // Marked delivered in the Write's transaction (see `Flight::send`); the other rows
-            // are sent again without it.
+            // The other rows are sent again without it.
             debug!(id, "OpenFGA already had the row's last operation applied");
             let mut rest = Vec::new();
             for c in plan.into_rows() {
@@ -113,62 +94,52 @@ impl Deliverer {
                 }
             }
             self.requeue(rest);
-            return Ok(());
+            return fx;
         }
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                // Whatever became of it, the rows are still in hand: sent again after the error.
-                self.requeue(plan.into_rows());
-                return Err(e);
-            }
-        };
-        match answer {
-            Answer::Deferred => {
-                self.requeue(plan.into_rows());
-                Ok(())
-            }
-            Answer::Held(missing) => self.held_elsewhere(plan, missing).await,
-            Answer::Sent(Ok(())) => {
+        match result {
+            Ok(()) => {
                 self.widen();
-                self.on_success(plan);
-                Ok(())
+                self.on_success(plan, now);
             }
-            Answer::Sent(Err(e)) => {
-                // One store's failure leaves the window to the others.
+            Err(e) => {
+                // OpenFGA struggling halves the window; one store failing leaves it to the
+                // others: only a store's first failure counts, and only while no other store's
+                // Writes succeed (a failing store sends one Write at a time meanwhile).
                 if matches!(
                     e,
                     WriteError::Transient { .. } | WriteError::Throttled { .. }
-                ) && !self.lanes.others_flow(&plan.target)
+                ) && self.lanes.working(&plan.target)
+                    && !self.lanes.others_flow(&plan.target, now)
                 {
                     self.narrow();
                 }
-                let conn = self.store.pool().get().await?;
-                self.on_failure(&conn, plan, e).await
+                self.on_failure(plan, e, now, &mut fx);
             }
         }
+        fx
     }
 
-    /// Rows a Write could not lock: another session holds them (a relay that lost leadership
-    /// but has not stopped yet, a drain), or they changed or went since they were read. They are
-    /// looked at again by id now: a row gone (delivered or dead-lettered by that session) leaves
-    /// the queue; a row changed is queued as it is now, in its place; a row as it was is held
-    /// back briefly. Until then each keeps its tuples: nothing after it on them goes.
-    async fn held_elsewhere(&mut self, plan: Plan, missing: Vec<i64>) -> Result<(), StoreError> {
-        let conn = self.store.pool().get().await?;
-        let now: std::collections::HashMap<i64, Result<String, String>> = self
-            .store
-            .refresh(&conn, &missing)
-            .await?
-            .into_iter()
-            .collect();
+    /// Rows a Write could not lock, as they are now (`now_rows`: those still pending, with
+    /// their payloads): another session holds them (a relay that lost leadership but has not
+    /// stopped yet, a drain), or they changed or went since they were read. A row gone
+    /// (delivered or dead-lettered by that session) leaves the queue; a row changed is queued as
+    /// it is now, in its place; a row as it was is held back briefly. Until then each keeps its
+    /// tuples: nothing after it on them goes.
+    pub(super) fn refreshed(
+        &mut self,
+        plan: Plan,
+        missing: &[i64],
+        now_rows: &HashMap<i64, Result<String, String>>,
+        now: Instant,
+    ) -> Effects {
+        let mut fx = Effects::default();
         let mut rest = Vec::new();
         for mut c in plan.into_rows() {
             if !missing.contains(&c.id) {
                 rest.push(c);
                 continue;
             }
-            match now.get(&c.id) {
+            match now_rows.get(&c.id) {
                 None => {
                     debug!(
                         id = c.id,
@@ -185,43 +156,32 @@ impl Deliverer {
                         c.hashes = p
                             .ops
                             .iter()
-                            .map(|op| super::order::key_hash(c.target.store_key(), op.key()))
+                            .map(|op| key_hash(c.target.store_key(), op.key()))
                             .collect();
                         c.ops = p.ops;
                         c.text = text.as_str().into();
                         rest.push(c);
                     }
                     Err(e) => {
-                        let reason = e.to_string();
-                        if !self.dead_letter(&conn, c.id, &reason, Some(text)).await? {
-                            self.hold_back(&mut c);
-                            rest.push(c);
-                        }
+                        c.text = text.as_str().into();
+                        fx.give_up.push((c, e.to_string()));
                     }
                 },
                 Some(_) => {
                     self.report.locked += 1;
-                    self.hold_back(&mut c);
+                    self.hold_back(c.id, now);
                     rest.push(c);
                 }
             }
         }
         self.requeue(rest);
-        Ok(())
+        fx
     }
 
-    /// Holds a row another session holds back briefly: no notification will say when it is let
-    /// go.
-    fn hold_back(&mut self, c: &mut Candidate) {
-        let at = Instant::now() + LOCKED_ROWS_POLL;
-        self.memo.entry(c.id).or_default().retry_at = Some(at);
-        self.report.held += 1;
-    }
-
-    fn on_success(&mut self, plan: Plan) {
+    fn on_success(&mut self, plan: Plan, now: Instant) {
         let n_ops = plan.n_ops();
         let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        self.lanes.note(false, alone, &plan.target);
+        self.lanes.note(false, alone, &plan.target, now);
         self.metrics.tuples_delivered.inc_by(n_ops as u64);
         let mut unfinished = Vec::new();
         for (c, idx) in plan.rows {
@@ -239,12 +199,7 @@ impl Deliverer {
         self.requeue(unfinished);
     }
 
-    async fn on_failure(
-        &mut self,
-        tx: &impl GenericClient,
-        plan: Plan,
-        e: WriteError,
-    ) -> Result<(), StoreError> {
+    fn on_failure(&mut self, plan: Plan, e: WriteError, now: Instant, fx: &mut Effects) {
         match e {
             WriteError::AlreadyApplied {
                 op: Some(i),
@@ -259,24 +214,23 @@ impl Deliverer {
                         .done
                         .insert(op);
                     self.requeue(plan.into_rows());
-                    return Ok(());
+                    return;
                 }
-                self.split_or_dead_letter(tx, plan, &e).await
+                self.split_or_dead_letter(plan, &e, fx)
             }
             WriteError::AlreadyApplied { op: None, .. } | WriteError::Rejected { op: None, .. } => {
-                self.split_or_dead_letter(tx, plan, &e).await
+                self.split_or_dead_letter(plan, &e, fx)
             }
             WriteError::Rejected { op: Some(i), .. } => {
                 self.metrics.failed("permanent");
                 self.report.failed_writes += 1;
                 let Some((r, _)) = Self::locate(&plan, i) else {
-                    return self.split_or_dead_letter(tx, plan, &e).await;
+                    return self.split_or_dead_letter(plan, &e, fx);
                 };
                 let mut rows: Vec<Candidate> = plan.into_rows();
                 let bad = rows.remove(r);
-                self.give_up(tx, bad, &e.to_string()).await?;
+                fx.give_up.push((bad, e.to_string()));
                 self.requeue(rows);
-                Ok(())
             }
             WriteError::UnknownTarget { .. } => {
                 // Every row of a Write names its store and model: none of them can go.
@@ -284,9 +238,8 @@ impl Deliverer {
                 self.report.failed_writes += 1;
                 let reason = e.to_string();
                 for c in plan.into_rows() {
-                    self.give_up(tx, c, &reason).await?;
+                    fx.give_up.push((c, reason.clone()));
                 }
-                Ok(())
             }
             WriteError::TooManyTuples { limit, ref message } => {
                 let lower = limit.unwrap_or(self.max_tuples / 2).max(1);
@@ -300,46 +253,38 @@ impl Deliverer {
                     );
                     self.max_tuples = lower;
                     self.requeue(plan.into_rows());
-                    return Ok(());
+                    return;
                 }
-                self.lanes.note(true, None, &plan.target);
-                self.outage(tx, plan, &e, CONFIG_BACKOFF).await?;
-                Ok(())
+                self.lanes.note(true, None, &plan.target, now);
+                self.outage(plan, &e, CONFIG_BACKOFF, now, fx);
             }
             WriteError::TooLarge { .. } => {
                 // A proxy's body limit or gRPC's: a smaller Write may pass; a row alone cannot
                 // shrink, unless it is sent in parts already.
-                self.split_or_dead_letter(tx, plan, &e).await
+                self.split_or_dead_letter(plan, &e, fx)
             }
             WriteError::NotSent => {
                 // `Flight::send` defers these before they get here; should one come, it was
                 // never sent and is nothing against its rows.
                 self.requeue(plan.into_rows());
-                Ok(())
             }
             WriteError::Configuration { .. } | WriteError::Unexpected { .. } => {
                 // Wrong settings fail every Write; a proxy refusing one row's content (a web
                 // application firewall) fails only the Writes carrying that row. Halving tells
                 // them apart, as for transient failures, with the slow backoff of the former.
-                self.halve_or_hold(tx, plan, &e, CONFIG_BACKOFF).await
+                self.halve_or_hold(plan, &e, CONFIG_BACKOFF, now, fx)
             }
             WriteError::Throttled { .. } => {
                 // Not the rows' fault: the same Write, after its store's wait.
-                self.outage(tx, plan, &e, OUTAGE_BACKOFF).await?;
-                Ok(())
+                self.outage(plan, &e, OUTAGE_BACKOFF, now, fx);
             }
-            WriteError::Transient { .. } => self.halve_or_hold(tx, plan, &e, OUTAGE_BACKOFF).await,
+            WriteError::Transient { .. } => self.halve_or_hold(plan, &e, OUTAGE_BACKOFF, now, fx),
         }
     }
 
     /// A permanent answer that does not say which row: split the Write to find out, or, for a
     /// row alone, dead-letter it (a part of a row sent in parts found too large is halved).
-    async fn split_or_dead_letter(
-        &mut self,
-        tx: &impl GenericClient,
-        plan: Plan,
-        e: &WriteError,
-    ) -> Result<(), StoreError> {
+    fn split_or_dead_letter(&mut self, plan: Plan, e: &WriteError, fx: &mut Effects) {
         self.metrics.failed("permanent");
         self.report.failed_writes += 1;
         if plan.rows.len() > 1 {
@@ -350,15 +295,15 @@ impl Deliverer {
             let ids = plan.ids();
             debug!(?ids, error = %e, "OpenFGA rejected a write without naming the tuple; splitting it");
             self.requeue(plan.into_rows());
-            return Ok(());
+            return;
         }
         let Some((c, idx)) = plan.rows.into_iter().next() else {
-            return Ok(());
+            return;
         };
         if matches!(e, WriteError::AlreadyApplied { .. }) && idx.len() == 1 {
             self.memo.entry(c.id).or_default().done.insert(idx[0]);
             self.requeue(vec![c]);
-            return Ok(());
+            return;
         }
         if matches!(e, WriteError::TooLarge { .. }) && idx.len() > 1 && idx.len() < c.ops.len() {
             // A part of a row already sent in parts, not in one transaction: a part of the
@@ -368,25 +313,26 @@ impl Deliverer {
                 "a part of a row is too large; halving its parts");
             self.memo.entry(c.id).or_default().max_part = Some(half);
             self.requeue(vec![c]);
-            return Ok(());
+            return;
         }
-        self.give_up(tx, c, &e.to_string()).await
+        fx.give_up.push((c, e.to_string()));
     }
 
     /// A failure that may be an outage of its store (or wrong settings) or one row's own. A
     /// Write of several rows holds its store on `schedule` and its rows are next sent in Writes
     /// half as large. A row alone is struck if the failure is its own (see the module's
     /// "Failures"), else held just past its store's wait.
-    async fn halve_or_hold(
+    fn halve_or_hold(
         &mut self,
-        tx: &impl GenericClient,
         plan: Plan,
         e: &WriteError,
         schedule: Backoff,
-    ) -> Result<(), StoreError> {
+        now: Instant,
+        fx: &mut Effects,
+    ) {
         let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
         let epoch = self.lanes.epoch(&plan.target);
-        self.lanes.note(true, alone, &plan.target);
+        self.lanes.note(true, alone, &plan.target, now);
         if plan.rows.len() > 1 {
             let half = (plan.rows.len() / 2).max(1);
             for (c, _) in &plan.rows {
@@ -394,11 +340,11 @@ impl Deliverer {
                 m.max_rows = Some(half);
                 m.failed_epoch = Some(epoch);
             }
-            self.outage(tx, plan, e, schedule).await?;
-            return Ok(());
+            self.outage(plan, e, schedule, now, fx);
+            return;
         }
         let id = plan.rows[0].0.id;
-        let others_succeed = self.lanes.others_nearly_all_succeed(id, &plan.target);
+        let others_succeed = self.lanes.others_nearly_all_succeed(id, &plan.target, now);
         let m = self.memo.entry(id).or_default();
         // Other Writes to its store succeeded since this row last failed, and nearly all
         // Writes to its store but this row's do: the row, not OpenFGA, is the problem. A
@@ -409,13 +355,13 @@ impl Deliverer {
         if !strike {
             // Held just past the wait of its store, so that the store's other rows go first:
             // how they fare tells an outage from this row's own failure.
-            let until = self.outage(tx, plan, e, schedule).await?;
+            let until = self.outage(plan, e, schedule, now, fx);
             let at = until + schedule.base;
             if let Some(m) = self.memo.get_mut(&id) {
                 m.retry_at = Some(at);
             }
             self.due_at(at);
-            return Ok(());
+            return;
         }
         let m = self.memo.entry(id).or_default();
         m.strikes += 1;
@@ -425,18 +371,20 @@ impl Deliverer {
         self.report.failed_writes += 1;
         if let Some(wait) = e.retry_after() {
             // Whoever is at fault, the server asked the store to wait.
-            self.lanes.hold(&plan.target, schedule, Some(wait));
+            let until = self.lanes.hold(&plan.target, schedule, Some(wait), now);
+            self.due_at(until);
         }
         let Some((c, _)) = plan.rows.into_iter().next() else {
-            return Ok(());
+            return;
         };
         if strikes >= self.settings.max_attempts {
             let reason = format!(
                 "gave up after {strikes} failed attempts while other rows were delivered: {e}"
             );
-            return self.give_up(tx, c, &reason).await;
+            fx.give_up.push((c, reason));
+            return;
         }
-        let at = Instant::now() + ROW_BACKOFF.delay(strikes);
+        let at = now + ROW_BACKOFF.delay(strikes);
         if let Some(m) = self.memo.get_mut(&id) {
             m.retry_at = Some(at);
         }
@@ -449,29 +397,31 @@ impl Deliverer {
             warn!(class = class.as_str(), rows = 1, id, strikes, error = %e,
                 "row keeps failing while others are delivered; holding it back");
         }
-        self.store.record_failure(tx, &[id], &e.to_string()).await?;
+        fx.record.push((vec![id], e.to_string()));
         self.requeue(vec![c]);
-        Ok(())
     }
 
     /// A failure of a store (an outage, throttling, or wrong settings): record it on the rows,
     /// put them back in the queue, and hold the store (its lane) on `schedule` or for the
     /// server's `Retry-After`: its rows are neither planned nor read until then, while the other
     /// stores' go on. Returns until when the store is held.
-    async fn outage(
+    fn outage(
         &mut self,
-        tx: &impl GenericClient,
         plan: Plan,
         e: &WriteError,
         schedule: Backoff,
-    ) -> Result<Instant, StoreError> {
+        now: Instant,
+        fx: &mut Effects,
+    ) -> Instant {
         let ids = plan.ids();
         let class = e.class();
         self.metrics.failed(class.as_str());
         self.report.failed_writes += 1;
-        let until = self.lanes.hold(&plan.target, schedule, e.retry_after());
+        let until = self
+            .lanes
+            .hold(&plan.target, schedule, e.retry_after(), now);
         self.due_at(until);
-        let wait = until.saturating_duration_since(Instant::now());
+        let wait = until.saturating_duration_since(now);
         let store = plan.target.store_label();
         if class == FailureClass::Configuration {
             error!(class = class.as_str(), rows = ids.len(), store, error = %e,
@@ -480,67 +430,8 @@ impl Deliverer {
             warn!(class = class.as_str(), rows = ids.len(), store, error = %e,
                 retry_in = ?wait, "write failed; holding this store's rows");
         }
-        self.store.record_failure(tx, &ids, &e.to_string()).await?;
+        fx.record.push((ids, e.to_string()));
         self.requeue(plan.into_rows());
-        Ok(until)
-    }
-
-    /// Gives up on a row of a Write that was answered: dead-letters it for what it said when
-    /// read. A row that cannot be dead-lettered now (another session holds it, or changed it)
-    /// stays pending, in the queue, held back briefly: it keeps its tuples, so that no later row
-    /// on them overtakes it, and its Write is tried again.
-    async fn give_up(
-        &mut self,
-        tx: &impl GenericClient,
-        mut c: Candidate,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        if !self.dead_letter(tx, c.id, reason, Some(&c.text)).await? {
-            self.report.locked += 1;
-            self.hold_back(&mut c);
-            self.requeue(vec![c]);
-        }
-        Ok(())
-    }
-
-    /// Gives up on row `id` (see [`crate::store::Store::dead_letter`]); returns whether it did.
-    pub(super) async fn dead_letter(
-        &mut self,
-        tx: &impl GenericClient,
-        id: i64,
-        reason: &str,
-        read: Option<&str>,
-    ) -> Result<bool, StoreError> {
-        if !self.store.dead_letter(tx, id, reason, read).await? {
-            debug!(
-                id,
-                "not dead-lettered: another session holds the row, or changed it"
-            );
-            return Ok(false);
-        }
-        warn!(id, reason, "row dead-lettered");
-        self.memo.remove(&id);
-        self.metrics.rows_dead_lettered.inc();
-        self.report.dead += 1;
-        Ok(true)
-    }
-
-    /// Marks the rows with nothing left to send delivered, and lets their tuples go.
-    pub(super) async fn mark_finished(&mut self) -> Result<(), StoreError> {
-        if self.to_mark.is_empty() {
-            return Ok(());
-        }
-        let ids = std::mem::take(&mut self.to_mark);
-        let conn = self.store.pool().get().await?;
-        if let Err(e) = self.store.mark_delivered(&conn, &ids).await {
-            // Still in the queue, in their place: marked at the next try.
-            return Err(e.into());
-        }
-        for id in ids {
-            if let Some(c) = self.queue.remove(&id) {
-                self.row_delivered(&c);
-            }
-        }
-        Ok(())
+        until
     }
 }

@@ -68,6 +68,8 @@ pub(super) struct Lane {
     /// Counts its successful Writes: a row's failure counts as a strike only if this moved
     /// since its previous failure.
     pub(super) epoch: u64,
+    /// Its Writes in flight.
+    flying: usize,
 }
 
 /// Every lane, and the outcomes of recent Writes.
@@ -81,6 +83,7 @@ impl Lanes {
     fn lane(&mut self, target: &Target) -> &mut Lane {
         if self.lanes.len() >= LANES_MAX && !self.lanes.contains_key(&target.store) {
             let now = Instant::now();
+            // Forgotten: lanes neither held nor paused by OpenFGA (their epochs start again).
             self.lanes
                 .retain(|_, l| l.held_until.is_some_and(|t| t > now) || l.gate.is_closed());
         }
@@ -92,14 +95,37 @@ impl Lanes {
         self.lane(target).gate.clone()
     }
 
+    /// A Write of `target`'s store leaves, or lands.
+    pub(super) fn flying(&mut self, target: &Target, leaves: bool) {
+        let lane = self.lane(target);
+        lane.flying = if leaves {
+            lane.flying + 1
+        } else {
+            lane.flying.saturating_sub(1)
+        };
+    }
+
+    /// Whether `target`'s store may have no more Writes in flight now: one failing (its last
+    /// Write failed) sends one Write at a time, to find out whether it is back, and leaves the
+    /// rest of the window to the stores that work.
+    pub(super) fn probing(&self, target: &Target) -> bool {
+        self.lanes
+            .get(&target.store)
+            .is_some_and(|l| l.streak > 0 && l.flying > 0)
+    }
+
+    /// Whether `target`'s store was working (its last Write did not fail).
+    pub(super) fn working(&self, target: &Target) -> bool {
+        self.lanes.get(&target.store).is_none_or(|l| l.streak == 0)
+    }
+
     /// Its store's success counter.
     pub(super) fn epoch(&mut self, target: &Target) -> u64 {
         self.lane(target).epoch
     }
 
     /// Records a Write's outcome. A success ends its store's hold.
-    pub(super) fn note(&mut self, failed: bool, alone: Option<i64>, target: &Target) {
-        let now = Instant::now();
+    pub(super) fn note(&mut self, failed: bool, alone: Option<i64>, target: &Target, now: Instant) {
         while self.recent.len() >= COMPARE_MAX
             || self
                 .recent
@@ -124,8 +150,7 @@ impl Lanes {
 
     /// Whether the recent Writes to `target`'s store that did not carry row `id` alone nearly
     /// all succeeded: then a failure of that row is its own, not one that hits its store.
-    pub(super) fn others_nearly_all_succeed(&self, id: i64, target: &Target) -> bool {
-        let now = Instant::now();
+    pub(super) fn others_nearly_all_succeed(&self, id: i64, target: &Target, now: Instant) -> bool {
         let (mut ok, mut failed) = (0usize, 0usize);
         for o in &self.recent {
             if o.alone == Some(id)
@@ -145,8 +170,7 @@ impl Lanes {
 
     /// Whether a Write to another store than `target`'s succeeded within [`OTHERS_WINDOW`]:
     /// then a failure of `target`'s is its store's alone, and the window stays.
-    pub(super) fn others_flow(&self, target: &Target) -> bool {
-        let now = Instant::now();
+    pub(super) fn others_flow(&self, target: &Target, now: Instant) -> bool {
         self.recent
             .iter()
             .rev()
@@ -161,10 +185,11 @@ impl Lanes {
         target: &Target,
         schedule: Backoff,
         retry_after: Option<Duration>,
+        now: Instant,
     ) -> Instant {
         let lane = self.lane(target);
         lane.streak += 1;
-        let until = Instant::now() + retry_after.unwrap_or_else(|| schedule.delay(lane.streak));
+        let until = now + retry_after.unwrap_or_else(|| schedule.delay(lane.streak));
         lane.held_until = Some(lane.held_until.map_or(until, |t| t.max(until)));
         if retry_after.is_some() {
             lane.gate.close_until(until);
@@ -173,18 +198,17 @@ impl Lanes {
     }
 
     /// Until when `target`'s store is held, if it is now.
-    pub(super) fn held(&self, target: &Target) -> Option<Instant> {
+    pub(super) fn held(&self, target: &Target, now: Instant) -> Option<Instant> {
         let lane = self.lanes.get(&target.store)?;
-        lane.held_until.filter(|at| *at > Instant::now())
+        lane.held_until.filter(|at| *at > now)
     }
 
     /// The stores held now, as their rows' `store_id` is matched when reading (`""`: the
     /// configured store's rows naming none; `configured`, its id, for those naming it).
-    pub(super) fn closed(&self, configured: Option<&str>) -> Vec<String> {
-        let now = Instant::now();
+    pub(super) fn closed(&self, configured: Option<&str>, now: Instant) -> Vec<String> {
         let mut closed = Vec::new();
         for (store, lane) in &self.lanes {
-            if !lane.held_until.is_some_and(|t| t > now) {
+            if lane.held_until.is_none_or(|t| t <= now) {
                 continue;
             }
             match store {

@@ -23,24 +23,27 @@ use crate::openfga::FgaClient;
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
 use crate::wake::{Bell, Trigger};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+mod core;
 mod judge;
 mod lanes;
+mod mark;
+#[cfg(test)]
+mod model;
 mod order;
 mod read;
 mod turn;
 mod write;
 
-use lanes::Lanes;
-use order::Candidate;
+use core::{Core, Flight};
 use read::Ahead;
-use write::{Answer, Flight, Spare};
+use write::{Answer, Spare};
 
 /// What the relay remembers about a row while it is pending.
 #[derive(Debug, Default)]
@@ -117,44 +120,21 @@ pub struct Controls<'a> {
     pub mode: Mode<'a>,
 }
 
-/// The delivery engine. One per relay; only the relay holding leadership streams.
+/// The delivery engine: the stream's I/O around its [`Core`]. One per relay; only the relay
+/// holding leadership streams.
 pub struct Deliverer {
     store: Store,
     client: Arc<FgaClient>,
-    metrics: Metrics,
-    settings: DeliverySettings,
-    /// Tuples per Write: `--max-tuples-per-write`, lowered if OpenFGA says it allows fewer.
-    max_tuples: usize,
-    memo: HashMap<i64, Memo>,
-    /// The rows in hand not in flight, in id order.
-    queue: BTreeMap<i64, Candidate>,
-    /// The rows in flight.
-    flying: HashSet<i64>,
-    /// Tuples of the Writes in flight (every tuple of their rows), with how many hold each.
-    in_flight: HashMap<u64, usize>,
+    core: Core,
     /// The rows just read, locked, for the next Write (see [`Spare`]).
     spare: Option<Spare>,
     /// What was read ahead for the stores rows name.
     ahead: Ahead,
-    /// Rows with nothing left to send (a retried row whose every operation is superseded): to
-    /// be marked delivered, their tuples blocked until then.
-    to_mark: Vec<i64>,
-    /// A store each, with its hold and its judgement.
-    lanes: Lanes,
-    /// The Writes allowed in flight at once, as TCP's congestion window: halved on 429, 5xx
-    /// and timeouts, grown by one per window of successes, up to `max_in_flight`.
-    window: f64,
     /// Whether more pending rows may be there to read (the last read filled its page, or
     /// something may have committed since).
     want_read: bool,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
-    /// Rows in the queue that could not go at the last planning (held back, or behind such a
-    /// row): they do not count as rows ready to send.
-    stuck: usize,
-    /// When the earliest row held back, or store held, may go again.
-    due: Option<Instant>,
-    report: PassReport,
     /// Told at each step (a read, a Write answered): a stream that moves is alive, one stuck on
     /// a connection that never answers is not.
     liveness: Arc<Liveness>,
@@ -169,28 +149,14 @@ impl Deliverer {
         max_tuples: usize,
         liveness: Arc<Liveness>,
     ) -> Deliverer {
-        let window = settings.max_in_flight.max(1) as f64;
-        metrics.write_window.set(window as i64);
         Deliverer {
-            window,
             store,
             client,
-            metrics,
-            settings,
-            max_tuples: max_tuples.max(1),
-            memo: HashMap::new(),
-            queue: BTreeMap::new(),
-            flying: HashSet::new(),
-            in_flight: HashMap::new(),
+            core: Core::new(settings, metrics, max_tuples),
             spare: None,
             ahead: Ahead::default(),
-            to_mark: Vec::new(),
-            lanes: Lanes::default(),
             want_read: true,
             last_read: None,
-            stuck: 0,
-            due: None,
-            report: PassReport::default(),
             liveness,
         }
     }
@@ -198,19 +164,10 @@ impl Deliverer {
     /// Forgets what was learnt about rows, e.g. when another relay may have delivered them.
     /// Only between streams (nothing in flight).
     pub fn forget(&mut self) {
-        self.memo.clear();
-        self.queue.clear();
-        self.flying.clear();
-        self.in_flight.clear();
+        self.core.forget();
         self.spare = None;
         self.ahead = Ahead::default();
-        self.to_mark.clear();
         self.want_read = true;
-    }
-
-    /// The Writes that may be in flight now.
-    fn window(&self) -> usize {
-        (self.window as usize).clamp(1, self.settings.max_in_flight.max(1))
     }
 
     /// Runs the stream (see the module) until `controls.mode` says it ends, or a database error
@@ -221,7 +178,7 @@ impl Deliverer {
         loop {
             self.liveness.beat();
             if turn.launching && !(controls.keep_going)() {
-                turn.stop(&mut self.report);
+                turn.stop(&mut self.core.report);
             }
             if !turn.launching && turn.flights.is_empty() {
                 break;
@@ -233,11 +190,11 @@ impl Deliverer {
                 self.launch(&mut turn).await;
             }
             self.settle(&mut turn).await;
-            if turn.launching && turn.flights.is_empty() && !self.want_read && self.queue_idle() {
+            if turn.launching && turn.flights.is_empty() && !self.want_read && self.core.idle() {
                 match &controls.mode {
                     Mode::UntilIdle => break,
                     Mode::Forever { account, .. } => {
-                        account(turn.trigger, &std::mem::take(&mut self.report));
+                        account(turn.trigger, &std::mem::take(&mut self.core.report));
                         turn.trigger = Trigger::Again;
                     }
                 }
@@ -246,33 +203,8 @@ impl Deliverer {
         }
         turn.mute(&controls).await;
         turn.end(self).await?;
-        self.report.next_due = self.due;
-        Ok(std::mem::take(&mut self.report))
-    }
-
-    /// Whether nothing in the queue can go before something happens.
-    fn queue_idle(&self) -> bool {
-        self.queue.len() <= self.stuck
-    }
-
-    /// Every id in hand: queued or in flight.
-    fn hand(&self) -> Vec<i64> {
-        self.queue
-            .keys()
-            .copied()
-            .chain(self.flying.iter().copied())
-            .collect()
-    }
-
-    fn row_delivered(&mut self, c: &Candidate) {
-        self.memo.remove(&c.id);
-        self.report.delivered += 1;
-        self.metrics.rows_delivered.inc();
-        if let Ok(age) = SystemTime::now().duration_since(c.created_at) {
-            self.metrics
-                .delivery_latency_seconds
-                .observe(age.as_secs_f64());
-        }
+        self.core.report.next_due = self.core.due;
+        Ok(std::mem::take(&mut self.core.report))
     }
 }
 

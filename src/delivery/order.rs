@@ -15,7 +15,7 @@
 //!
 //! - Reading ([`Deliverer::read_page`], `read.rs`): no cursor, the lowest pending ids not in
 //!   hand, so that a row committed late is read before any row committed after it.
-//! - Planning ([`Deliverer::plan_write`], here): rows in id order; never one tuple twice in a
+//! - Planning ([`Core::plan`], here): rows in id order; never one tuple twice in a
 //!   Write; no row on a tuple of a Write in flight, nor behind an earlier row left waiting on it.
 //! - Rows that stay in the queue and keep their tuples: a failed Write's rows and a row held
 //!   back (the judgement, `judge.rs`); a row another session holds, or whose payload changed
@@ -31,6 +31,7 @@
 //! - Only the leader sends, and only while its lease holds (`relay/`, `leadership.rs`).
 
 use super::Deliverer;
+use super::core::Core;
 use crate::openfga::Target;
 use crate::payload::{Op, TupleKey};
 use crate::store::StoreError;
@@ -95,7 +96,7 @@ pub(super) fn key_hash(store: &str, k: &TupleKey) -> u64 {
     h.finish()
 }
 
-impl Deliverer {
+impl Core {
     /// Takes the rows of the next Write from the queue: in id order, all for the target of the
     /// first row that may go, as many as the tuple limit and the rows' halving allow, never the
     /// same tuple twice, and none on a tuple of a Write in flight or of an earlier row left
@@ -104,9 +105,8 @@ impl Deliverer {
     /// backoff, or their store's hold) stay in the queue, and so every later row on their
     /// tuples waits behind them. Rows with nothing left to send are set aside to be marked.
     /// Counts the rows that cannot go now in `stuck`, and notes when the first may.
-    pub(super) fn plan_write(&mut self) -> Option<Plan> {
+    pub(super) fn plan(&mut self, now: Instant) -> Option<Plan> {
         let limit = self.max_tuples;
-        let now = Instant::now();
         let mut rows: Vec<(Candidate, Vec<usize>)> = Vec::new();
         let mut keys: HashSet<u64> = HashSet::new();
         // Tuples of rows left in the queue by this scan: every later row on them waits too.
@@ -126,7 +126,7 @@ impl Deliverer {
                 stuck += 1;
                 continue;
             }
-            let held = self.lanes.held(&c.target).or(self
+            let held = self.lanes.held(&c.target, now).or(self
                 .memo
                 .get(&id)
                 .and_then(|m| m.retry_at)
@@ -139,9 +139,10 @@ impl Deliverer {
                 stuck += 1;
                 continue;
             }
-            if c.hashes
-                .iter()
-                .any(|h| self.in_flight.contains_key(h) || waiting.contains(h))
+            if self.lanes.probing(&c.target)
+                || c.hashes
+                    .iter()
+                    .any(|h| self.in_flight.contains_key(h) || waiting.contains(h))
             {
                 waiting.extend(c.hashes.iter().copied());
                 stuck += 1;
@@ -212,6 +213,20 @@ impl Deliverer {
         (!rows.is_empty()).then_some(Plan { target, rows, room })
     }
 
+    /// The row and operation index of the `flat`-th operation of a plan.
+    pub(super) fn locate(plan: &Plan, flat: usize) -> Option<(usize, usize)> {
+        let mut n = flat;
+        for (r, (_, idx)) in plan.rows.iter().enumerate() {
+            if n < idx.len() {
+                return Some((r, idx[n]));
+            }
+            n -= idx.len();
+        }
+        None
+    }
+}
+
+impl Deliverer {
     /// For a row that came back from dead (`fga-relay retry`): its operations on tuples that a
     /// later delivered row touches are never sent, as they would land over that row's operation.
     /// They count as done (a row left with nothing to send is marked delivered without a Write),
@@ -249,20 +264,8 @@ impl Deliverer {
             );
             self.store.record_skipped(conn, id, &note).await?;
         }
-        let m = self.memo.entry(id).or_default();
+        let m = self.core.memo.entry(id).or_default();
         m.done.extend(skipped.iter().map(|&(i, _)| i));
         Ok(())
-    }
-
-    /// The row and operation index of the `flat`-th operation of a plan.
-    pub(super) fn locate(plan: &Plan, flat: usize) -> Option<(usize, usize)> {
-        let mut n = flat;
-        for (r, (_, idx)) in plan.rows.iter().enumerate() {
-            if n < idx.len() {
-                return Some((r, idx[n]));
-            }
-            n -= idx.len();
-        }
-        None
     }
 }

@@ -57,8 +57,10 @@ impl Deliverer {
         limit: usize,
         lock: bool,
     ) -> Result<usize, StoreError> {
-        let hand = self.hand();
-        let closed = self.lanes.closed(self.client.configured_store_id());
+        let hand = self.core.hand();
+        let closed = self
+            .core
+            .closed(self.client.configured_store_id(), Instant::now());
         let closed: Vec<&str> = closed.iter().map(String::as_str).collect();
         // A connection left inside a transaction by an error is closed, not pooled.
         let tx = WriteTx(Some(self.store.pool().get().await?));
@@ -107,7 +109,7 @@ impl Deliverer {
                 Ok(Some(id)) => ids.push(id),
                 Ok(None) => {}
                 Err(Unqueued::Unresolved) => {
-                    self.due_at(Instant::now() + UNRESOLVED_STORE_WAIT);
+                    self.core.due_at(Instant::now() + UNRESOLVED_STORE_WAIT);
                     return Ok((ids, true));
                 }
             }
@@ -135,13 +137,15 @@ impl Deliverer {
                     conn.batch_execute("ROLLBACK").await?;
                 }
                 let read = row.payload.as_deref().ok();
-                if !self.dead_letter(conn, row.id, &e, read).await? {
+                if self.dead_letter(conn, row.id, &e, read).await? {
+                    self.core.dead(row.id);
+                } else {
                     // Held by another session, or changed since it was read: looked at again
                     // soon, with what it says then. Nothing later is queued meanwhile, as
                     // which tuples it will touch is not known.
-                    self.report.held += 1;
-                    self.report.locked += 1;
-                    self.due_at(Instant::now() + super::LOCKED_ROWS_POLL);
+                    self.core.report.held += 1;
+                    self.core.report.locked += 1;
+                    self.core.due_at(Instant::now() + super::LOCKED_ROWS_POLL);
                     return Ok(Err(Unqueued::Unresolved));
                 }
                 return Ok(Ok(None));
@@ -164,7 +168,7 @@ impl Deliverer {
             .collect();
         let text: Arc<str> = row.payload.as_deref().unwrap_or_default().into();
         if let Some(at) = row.retried
-            && self.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
+            && self.core.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
         {
             // Not in the read's locked transaction: the note on the row must stay even if that
             // transaction is rolled back.
@@ -177,19 +181,16 @@ impl Deliverer {
             };
             self.skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
                 .await?;
-            self.memo.entry(row.id).or_default().checked = Some(at);
+            self.core.memo.entry(row.id).or_default().checked = Some(at);
         }
-        self.queue.insert(
-            row.id,
-            Candidate {
-                id: row.id,
-                created_at: row.created_at,
-                ops: payload.ops,
-                target,
-                hashes,
-                text,
-            },
-        );
+        self.core.admit(Candidate {
+            id: row.id,
+            created_at: row.created_at,
+            ops: payload.ops,
+            target,
+            hashes,
+            text,
+        });
         Ok(Ok(Some(row.id)))
     }
 
@@ -214,14 +215,14 @@ impl Deliverer {
     /// rows first: its rows in the queue fill less than half of it (rows spread over many
     /// stores), more may be pending, and the queue has room.
     pub(super) fn wants_more_of(&self, plan: &Plan) -> bool {
-        let batch = self.settings.batch_size.max(1);
+        let batch = self.core.settings.batch_size.max(1);
         plan.target
             .store
             .as_ref()
             .is_some_and(|s| !self.ahead.done(s))
             && plan.room
-            && plan.n_ops() * 2 < self.max_tuples
-            && self.queue.len() < AHEAD_PAGES * batch
+            && plan.n_ops() * 2 < self.core.max_tuples
+            && self.core.queue.len() < AHEAD_PAGES * batch
     }
 
     /// How many rows to read ahead for `plan`'s store: as many as fill its Write at the plan's
@@ -229,7 +230,9 @@ impl Deliverer {
     /// reads ahead for no other store).
     pub(super) fn ahead_for(&self, plan: &Plan) -> usize {
         let per_row = plan.n_ops().div_ceil(plan.rows.len().max(1)).max(1);
-        (self.max_tuples - plan.n_ops()).div_ceil(per_row).max(1)
+        (self.core.max_tuples - plan.n_ops())
+            .div_ceil(per_row)
+            .max(1)
     }
 
     /// Reads ahead the lowest pending rows of `store` (a store rows name) not in hand, into
@@ -239,7 +242,7 @@ impl Deliverer {
         store: &Arc<str>,
         limit: usize,
     ) -> Result<(), StoreError> {
-        let hand = self.hand();
+        let hand = self.core.hand();
         let conn = self.store.pool().get().await?;
         let rows = self
             .store
@@ -249,17 +252,5 @@ impl Deliverer {
         let (_, stopped) = self.queue_rows(&conn, rows, &mut false).await?;
         self.ahead.0.insert(store.clone(), stopped || n < limit);
         Ok(())
-    }
-
-    /// Puts rows back into the queue, in their place.
-    pub(super) fn requeue(&mut self, rows: Vec<Candidate>) {
-        for c in rows {
-            self.queue.insert(c.id, c);
-        }
-    }
-
-    /// Something comes due at `at`: the stream looks again then.
-    pub(super) fn due_at(&mut self, at: Instant) {
-        self.due = Some(self.due.map_or(at, |d| d.min(at)));
     }
 }

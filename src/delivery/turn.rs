@@ -3,7 +3,6 @@
 //! go, settle what is left over, wait for the next thing to happen.
 
 use super::write::Crew;
-use super::write::Flight;
 use super::{Asks, Controls, Deliverer, Flights, Mode, PassReport, read};
 use crate::backoff::Backoff;
 use crate::store::StoreError;
@@ -46,7 +45,7 @@ impl<'a> Turn<'a> {
             crew: Crew {
                 store: d.store.clone(),
                 client: d.client.clone(),
-                metrics: d.metrics.clone(),
+                metrics: d.core.metrics.clone(),
                 ask,
                 window: controls.window.clone(),
             },
@@ -107,26 +106,26 @@ impl Deliverer {
         if !self.want_read {
             return;
         }
-        let batch = self.settings.batch_size.max(1);
-        let ready = self.queue.len().saturating_sub(self.stuck);
-        if ready >= batch || self.queue.len() >= read::AHEAD_PAGES * batch {
+        let batch = self.core.settings.batch_size.max(1);
+        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
+        if ready >= batch || self.core.queue.len() >= read::AHEAD_PAGES * batch {
             return;
         }
         // Rows keep coming while Writes fly: let `--linger` worth of them gather rather than
         // reading a row or two at a time (less CPU per row for the relay and its sessions).
         if !turn.flights.is_empty()
-            && !self.settings.linger.is_zero()
+            && !self.core.settings.linger.is_zero()
             && let Some(last) = self.last_read
-            && last.elapsed() < self.settings.linger
+            && last.elapsed() < self.core.settings.linger
         {
-            turn.linger_until = Some(last + self.settings.linger);
+            turn.linger_until = Some(last + self.core.settings.linger);
             return;
         }
         // With nothing in hand, the rows read are likely the next Write: read them locked, and
         // no larger than a Write can be, so that a read that is not one costs few locks.
-        let lock = self.queue.is_empty() && self.spare.is_none();
+        let lock = self.core.queue.is_empty() && self.spare.is_none();
         let limit = if lock {
-            batch.min(self.max_tuples)
+            batch.min(self.core.max_tuples)
         } else {
             batch
         };
@@ -142,10 +141,10 @@ impl Deliverer {
 
     /// Plans and sends Writes while the window has room.
     pub(super) async fn launch(&mut self, turn: &mut Turn<'_>) {
-        self.due = None;
-        self.stuck = 0;
-        while turn.launching && turn.flights.len() < self.window() {
-            let Some(plan) = self.plan_write() else {
+        self.core.due = None;
+        self.core.stuck = 0;
+        while turn.launching && turn.flights.len() < self.core.window() {
+            let Some(plan) = self.core.plan(Instant::now()) else {
                 break;
             };
             if self.wants_more_of(&plan) {
@@ -153,7 +152,7 @@ impl Deliverer {
                     break;
                 };
                 let want = self.ahead_for(&plan);
-                self.requeue(plan.into_rows());
+                self.core.requeue(plan.into_rows());
                 if let Err(e) = self.read_ahead(&store, want).await {
                     turn.fail(e);
                 }
@@ -161,8 +160,8 @@ impl Deliverer {
             }
             if !(turn.keep_going)() {
                 turn.launching = false;
-                self.report.interrupted = true;
-                self.requeue(plan.into_rows());
+                self.core.report.interrupted = true;
+                self.core.requeue(plan.into_rows());
                 break;
             }
             let locked = match self.spare.take() {
@@ -170,22 +169,19 @@ impl Deliverer {
                 Some(s) => {
                     if let Err(e) = s.tx.rollback().await {
                         turn.fail(e.into());
-                        self.requeue(plan.into_rows());
+                        self.core.requeue(plan.into_rows());
                         break;
                     }
                     None
                 }
                 None => None,
             };
-            let gate = self.lanes.gate(&plan.target);
-            let flight = Flight::new(plan, &self.memo, gate);
-            for h in &flight.keys {
-                *self.in_flight.entry(*h).or_default() += 1;
-            }
-            self.flying.extend(flight.plan.ids());
-            self.report.writes += 1;
+            let flight = self.core.launch(plan);
             turn.flights.spawn(flight.fly(turn.crew.clone(), locked));
-            self.metrics.writes_in_flight.set(turn.flights.len() as i64);
+            self.core
+                .metrics
+                .writes_in_flight
+                .set(turn.flights.len() as i64);
         }
     }
 
@@ -214,7 +210,7 @@ impl Deliverer {
         if !turn.launching && turn.flights.is_empty() {
             return;
         }
-        let room = turn.flights.len() < self.window();
+        let room = turn.flights.len() < self.core.window();
         if let Mode::Forever { bell, .. } = &controls.mode {
             if turn.listening && (self.want_read || !room) {
                 // Busy: it reads anyway, so writers need not notify.
@@ -244,7 +240,7 @@ impl Deliverer {
                 }
             }
         }
-        let due = [self.due, turn.linger_until, turn.listen_at]
+        let due = [self.core.due, turn.linger_until, turn.listen_at]
             .into_iter()
             .flatten()
             .min();
@@ -267,12 +263,12 @@ impl Deliverer {
             Some(reply) = turn.asked.recv() => {
                 let go = (controls.keep_going)();
                 if !go {
-                    turn.stop(&mut self.report);
+                    turn.stop(&mut self.core.report);
                 }
                 let _ = reply.send(go);
             }
             Some(joined) = turn.flights.join_next(), if !turn.flights.is_empty() => {
-                self.metrics.writes_in_flight.set(turn.flights.len() as i64);
+                self.core.metrics.writes_in_flight.set(turn.flights.len() as i64);
                 match joined {
                     Ok((flight, answer)) => {
                         if let Err(e) = self.land(flight, answer).await {
@@ -293,7 +289,7 @@ impl Deliverer {
             _ = timer => {
                 // A row or store came due (its store's rows are read again), a put-off read, or
                 // the wake lock's next try.
-                self.due = None;
+                self.core.due = None;
                 self.want_read = true;
                 turn.listen_at = None;
             }

@@ -17,8 +17,8 @@
 //! once more, so that a relay stopped while its rows were being locked sends nothing once
 //! continued.
 
+use super::core::Flight;
 use super::order::Plan;
-use super::{Deliverer, Memo};
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, Target, WriteError};
 use crate::payload::{Condition, Op, same_condition};
@@ -29,17 +29,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
-
-/// One Write on its way: its rows, every tuple they touch (no other Write in flight may touch
-/// them), and the rows it completes.
-pub(super) struct Flight {
-    pub(super) plan: Plan,
-    pub(super) keys: Vec<u64>,
-    /// Rows all of whose operations this Write applies: marked delivered in its transaction.
-    pub(super) complete: Vec<i64>,
-    /// Its store's `Retry-After` gate.
-    gate: Gate,
-}
 
 /// When OpenFGA asked (`Retry-After`) that no Write to a store be sent before: set by the Write
 /// that got the answer, read by every Write of that store about to leave, so that none already
@@ -75,44 +64,6 @@ pub(super) enum Answer {
 }
 
 impl Flight {
-    pub(super) fn new(plan: Plan, memo: &HashMap<i64, Memo>, gate: Gate) -> Flight {
-        let keys = plan
-            .rows
-            .iter()
-            .flat_map(|(c, _)| c.hashes.iter().copied())
-            .collect();
-        let complete = plan
-            .rows
-            .iter()
-            .filter(|(c, idx)| {
-                memo.get(&c.id).map_or(0, |m| m.done.len()) + idx.len() >= c.ops.len()
-            })
-            .map(|(c, _)| c.id)
-            .collect();
-        Flight {
-            plan,
-            keys,
-            complete,
-            gate,
-        }
-    }
-
-    /// The row an "already applied" answer finishes: the one whose only operation in this
-    /// Write is the one OpenFGA already had, if the Write completes it.
-    pub(super) fn finished_by(&self, e: &WriteError) -> Option<i64> {
-        let WriteError::AlreadyApplied { op, .. } = e else {
-            return None;
-        };
-        let r = match op {
-            Some(i) => Deliverer::locate(&self.plan, *i)?.0,
-            // Unnamed: only a Write of one operation says which.
-            None if self.plan.n_ops() == 1 => 0,
-            None => return None,
-        };
-        let (c, idx) = self.plan.rows.get(r)?;
-        (idx.len() == 1 && self.complete.contains(&c.id)).then_some(c.id)
-    }
-
     /// Sends the Write in a transaction of its own that holds its rows' locks while it is in
     /// flight and, when OpenFGA accepts it, marks the rows it completes delivered. So rows are
     /// marked as their Writes are answered, and a crash leaves at most the Writes in flight to

@@ -1,0 +1,264 @@
+//! The stream's decisions, without I/O: what is in hand, what to read (which ids to leave out,
+//! which stores), what to send next (`order.rs`), and what an answer means (`judge.rs`), over a
+//! clock the caller gives. The stream (`mod.rs`, `turn.rs`, `read.rs`, `write.rs`) does the
+//! reading, locking, sending and marking around it; a model test (`model.rs`) drives it through
+//! random interleavings of commits, answers, crashes and stores failing, against a reference of
+//! the guarantees.
+
+use super::lanes::Lanes;
+use super::order::{Candidate, Plan};
+use super::write::Gate;
+use super::{Memo, PassReport};
+use crate::config::DeliverySettings;
+use crate::metrics::Metrics;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Instant, SystemTime};
+
+/// The stream's state.
+pub(super) struct Core {
+    pub(super) settings: DeliverySettings,
+    pub(super) metrics: Metrics,
+    /// Tuples per Write: `--max-tuples-per-write`, lowered if OpenFGA says it allows fewer.
+    pub(super) max_tuples: usize,
+    pub(super) memo: HashMap<i64, Memo>,
+    /// The rows in hand not in flight, in id order.
+    pub(super) queue: BTreeMap<i64, Candidate>,
+    /// The rows in flight.
+    pub(super) flying: HashSet<i64>,
+    /// Tuples of the Writes in flight (every tuple of their rows), with how many hold each.
+    pub(super) in_flight: HashMap<u64, usize>,
+    /// Rows with nothing left to send (a retried row whose every operation is superseded): to
+    /// be marked delivered, their tuples blocked until then.
+    pub(super) to_mark: Vec<i64>,
+    /// A store each, with its hold and its judgement.
+    pub(super) lanes: Lanes,
+    /// The Writes allowed in flight at once, as TCP's congestion window: halved on 429, 5xx
+    /// and timeouts, grown by one per window of successes, up to `max_in_flight`.
+    pub(super) window: f64,
+    /// Rows in the queue that could not go at the last planning (held back, or behind such a
+    /// row): they do not count as rows ready to send.
+    pub(super) stuck: usize,
+    /// When the earliest row held back, or store held, may go again.
+    pub(super) due: Option<Instant>,
+    pub(super) report: PassReport,
+}
+
+/// What the stream must do for a judgement: record failures on rows, and try to dead-letter
+/// rows (each either dead-lettered, then [`Core::dead`], or not, then [`Core::refused`]).
+#[derive(Default)]
+pub(super) struct Effects {
+    pub(super) record: Vec<(Vec<i64>, String)>,
+    pub(super) give_up: Vec<(Candidate, String)>,
+}
+
+/// A Write in flight, as the core knows it.
+pub(super) struct Flight {
+    pub(super) plan: Plan,
+    /// Every tuple its rows touch: no other Write in flight may touch them.
+    pub(super) keys: Vec<u64>,
+    /// Rows all of whose operations it applies: marked delivered in its transaction.
+    pub(super) complete: Vec<i64>,
+    /// Its store's `Retry-After` gate.
+    pub(super) gate: Gate,
+}
+
+impl Core {
+    pub(super) fn new(settings: DeliverySettings, metrics: Metrics, max_tuples: usize) -> Core {
+        let window = settings.max_in_flight.max(1) as f64;
+        metrics.write_window.set(window as i64);
+        Core {
+            settings,
+            metrics,
+            max_tuples: max_tuples.max(1),
+            memo: HashMap::new(),
+            queue: BTreeMap::new(),
+            flying: HashSet::new(),
+            in_flight: HashMap::new(),
+            to_mark: Vec::new(),
+            lanes: Lanes::default(),
+            window,
+            stuck: 0,
+            due: None,
+            report: PassReport::default(),
+        }
+    }
+
+    /// Forgets what was learnt about rows, e.g. when another relay may have delivered them.
+    /// Only with nothing in flight. The stores' holds stay: a store failing still fails.
+    pub(super) fn forget(&mut self) {
+        self.memo.clear();
+        self.queue.clear();
+        self.flying.clear();
+        self.in_flight.clear();
+        self.to_mark.clear();
+    }
+
+    /// The Writes that may be in flight now.
+    pub(super) fn window(&self) -> usize {
+        (self.window as usize).clamp(1, self.settings.max_in_flight.max(1))
+    }
+
+    /// A Write succeeded: grow the window by one Write per window's worth of successes.
+    pub(super) fn widen(&mut self) {
+        let max = self.settings.max_in_flight.max(1) as f64;
+        self.window = (self.window + 1.0 / self.window).min(max);
+        self.metrics.write_window.set(self.window() as i64);
+    }
+
+    /// OpenFGA struggles (429, 5xx, timeout): halve the window.
+    pub(super) fn narrow(&mut self) {
+        self.window = (self.window / 2.0).max(1.0);
+        self.metrics.write_window.set(self.window() as i64);
+    }
+
+    /// Whether nothing in the queue can go before something happens.
+    pub(super) fn idle(&self) -> bool {
+        self.queue.len() <= self.stuck
+    }
+
+    /// Every id in hand: queued or in flight. A read leaves them out.
+    pub(super) fn hand(&self) -> Vec<i64> {
+        self.queue
+            .keys()
+            .copied()
+            .chain(self.flying.iter().copied())
+            .collect()
+    }
+
+    /// The stores whose rows a read leaves out (as their rows' `store_id` is matched: `""` for
+    /// the rows naming none, and `configured`, the configured store's id, for those naming it):
+    /// those held, and those with a read's worth of rows queued already, so that one store's
+    /// backlog at the head of the table (a store that keeps failing, or a large one) never
+    /// fills the queue before the other stores' rows are read.
+    pub(super) fn closed(&self, configured: Option<&str>, now: Instant) -> Vec<String> {
+        let batch = self.settings.batch_size.max(1);
+        let mut queued: HashMap<Option<&str>, usize> = HashMap::new();
+        for c in self.queue.values() {
+            *queued.entry(c.target.store.as_deref()).or_default() += 1;
+        }
+        let mut closed = self.lanes.closed(configured, now);
+        for (store, n) in queued {
+            if n < batch {
+                continue;
+            }
+            match store {
+                Some(s) => closed.push(s.to_owned()),
+                None => {
+                    closed.push(String::new());
+                    closed.extend(configured.map(str::to_owned));
+                }
+            }
+        }
+        closed.sort_unstable();
+        closed.dedup();
+        closed
+    }
+
+    /// Takes a row read into the queue.
+    pub(super) fn admit(&mut self, c: Candidate) {
+        self.queue.insert(c.id, c);
+    }
+
+    /// Puts rows back into the queue, in their place.
+    pub(super) fn requeue(&mut self, rows: Vec<Candidate>) {
+        for c in rows {
+            self.queue.insert(c.id, c);
+        }
+    }
+
+    /// Something comes due at `at`: the stream looks again then.
+    pub(super) fn due_at(&mut self, at: Instant) {
+        self.due = Some(self.due.map_or(at, |d| d.min(at)));
+    }
+
+    /// A planned Write leaves: its rows and tuples are in flight until it lands.
+    pub(super) fn launch(&mut self, plan: Plan) -> Flight {
+        let keys: Vec<u64> = plan
+            .rows
+            .iter()
+            .flat_map(|(c, _)| c.hashes.iter().copied())
+            .collect();
+        let complete = plan
+            .rows
+            .iter()
+            .filter(|(c, idx)| {
+                self.memo.get(&c.id).map_or(0, |m| m.done.len()) + idx.len() >= c.ops.len()
+            })
+            .map(|(c, _)| c.id)
+            .collect();
+        for h in &keys {
+            *self.in_flight.entry(*h).or_default() += 1;
+        }
+        self.flying.extend(plan.ids());
+        self.lanes.flying(&plan.target, true);
+        self.report.writes += 1;
+        let gate = self.lanes.gate(&plan.target);
+        Flight {
+            plan,
+            keys,
+            complete,
+            gate,
+        }
+    }
+
+    /// A Write landed: its rows and tuples are no longer in flight.
+    pub(super) fn landed(&mut self, keys: &[u64], plan: &Plan) {
+        for h in keys {
+            if let Some(n) = self.in_flight.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    self.in_flight.remove(h);
+                }
+            }
+        }
+        for (c, _) in &plan.rows {
+            self.flying.remove(&c.id);
+        }
+        self.lanes.flying(&plan.target, false);
+    }
+
+    pub(super) fn row_delivered(&mut self, c: &Candidate) {
+        self.memo.remove(&c.id);
+        self.report.delivered += 1;
+        self.metrics.rows_delivered.inc();
+        if let Ok(age) = SystemTime::now().duration_since(c.created_at) {
+            self.metrics
+                .delivery_latency_seconds
+                .observe(age.as_secs_f64());
+        }
+    }
+
+    /// A row given up on was dead-lettered.
+    pub(super) fn dead(&mut self, id: i64) {
+        self.memo.remove(&id);
+        self.metrics.rows_dead_lettered.inc();
+        self.report.dead += 1;
+    }
+
+    /// A row could not be dead-lettered (another session holds it, or changed it): it stays
+    /// pending, in the queue, held back briefly, and keeps its tuples, so that no later row on
+    /// them overtakes it; its Write is tried again.
+    pub(super) fn refused(&mut self, c: Candidate, now: Instant) {
+        self.report.locked += 1;
+        self.hold_back(c.id, now);
+        self.requeue(vec![c]);
+    }
+
+    /// Holds a row back briefly: another session holds it, and no notification will say when
+    /// it is let go.
+    pub(super) fn hold_back(&mut self, id: i64, now: Instant) {
+        let at = now + super::LOCKED_ROWS_POLL;
+        self.memo.entry(id).or_default().retry_at = Some(at);
+        self.report.held += 1;
+        self.due_at(at);
+    }
+
+    /// Rows with nothing left to send, marked delivered: their tuples go.
+    pub(super) fn marked(&mut self, ids: &[i64]) {
+        for id in ids {
+            if let Some(c) = self.queue.remove(id) {
+                self.row_delivered(&c);
+            }
+        }
+    }
+}

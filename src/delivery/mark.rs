@@ -1,0 +1,107 @@
+//! What an answer writes back to the outbox: the rows a Write finished are marked in its own
+//! transaction (`write.rs`); here, after the core's judgement (`judge.rs`), the failures recorded
+//! on rows (`attempts`, `last_error`), the rows given up on dead-lettered, the rows another
+//! session holds looked at again by id, and the rows with nothing left to send marked
+//! delivered.
+
+use super::Deliverer;
+use super::core::{Effects, Flight};
+use super::write::Answer;
+use crate::store::StoreError;
+use std::collections::HashMap;
+use std::time::Instant;
+use tracing::{debug, warn};
+
+impl Deliverer {
+    /// A Write landed: its rows and tuples are no longer in flight; its answer is judged and
+    /// what the judgement says is written.
+    pub(super) async fn land(
+        &mut self,
+        flight: Flight,
+        answer: Result<Answer, StoreError>,
+    ) -> Result<(), StoreError> {
+        self.core.landed(&flight.keys, &flight.plan);
+        self.liveness.beat();
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                // Whatever became of it, the rows are still pending: sent again after the error.
+                self.core.requeue(flight.plan.into_rows());
+                return Err(e);
+            }
+        };
+        let fx = match answer {
+            Answer::Deferred => {
+                self.core.requeue(flight.plan.into_rows());
+                return Ok(());
+            }
+            Answer::Held(missing) => {
+                let conn = self.store.pool().get().await?;
+                let now_rows: HashMap<i64, Result<String, String>> = self
+                    .store
+                    .refresh(&conn, &missing)
+                    .await?
+                    .into_iter()
+                    .collect();
+                self.core
+                    .refreshed(flight.plan, &missing, &now_rows, Instant::now())
+            }
+            Answer::Sent(result) => self.core.judge(flight, result, Instant::now()),
+        };
+        self.write_back(fx).await
+    }
+
+    /// Records failures and dead-letters rows as a judgement says.
+    pub(super) async fn write_back(&mut self, fx: Effects) -> Result<(), StoreError> {
+        if fx.record.is_empty() && fx.give_up.is_empty() {
+            return Ok(());
+        }
+        let conn = self.store.pool().get().await?;
+        for (ids, error) in &fx.record {
+            self.store.record_failure(&conn, ids, error).await?;
+        }
+        for (c, reason) in fx.give_up {
+            if self
+                .dead_letter(&conn, c.id, &reason, Some(&c.text))
+                .await?
+            {
+                self.core.dead(c.id);
+            } else {
+                self.core.refused(c, Instant::now());
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up on row `id` (see [`crate::store::Store::dead_letter`]); returns whether it did.
+    pub(super) async fn dead_letter(
+        &mut self,
+        tx: &impl deadpool_postgres::GenericClient,
+        id: i64,
+        reason: &str,
+        read: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        if !self.store.dead_letter(tx, id, reason, read).await? {
+            debug!(
+                id,
+                "not dead-lettered: another session holds the row, or changed it"
+            );
+            return Ok(false);
+        }
+        warn!(id, reason, "row dead-lettered");
+        Ok(true)
+    }
+
+    /// Marks the rows with nothing left to send delivered, and lets their tuples go.
+    pub(super) async fn mark_finished(&mut self) -> Result<(), StoreError> {
+        if self.core.to_mark.is_empty() {
+            return Ok(());
+        }
+        let ids = std::mem::take(&mut self.core.to_mark);
+        let conn = self.store.pool().get().await?;
+        // On an error they stay in the queue, in their place: marked at the next try.
+        self.store.mark_delivered(&conn, &ids).await?;
+        self.core.marked(&ids);
+        Ok(())
+    }
+}
