@@ -183,6 +183,11 @@ impl Deliverer {
             if !turn.launching && turn.flights.is_empty() {
                 break;
             }
+            if turn.launching
+                && let Err(e) = self.recheck_bars().await
+            {
+                turn.fail(e);
+            }
             if turn.launching {
                 self.read_if_wanted(&mut turn).await;
             }

@@ -200,6 +200,7 @@ impl World {
             hashes: vec![key_hash(target.store_key(), &order_key)],
             target,
             text: Arc::from(format!("row {}", r.id).as_str()),
+            malformed: false,
         }
     }
 

@@ -55,6 +55,11 @@ pub(super) struct Candidate {
     /// The payload's text as read: the Write goes only if its lock finds the same (a page is
     /// read without locks), and a row is dead-lettered only for what it still says.
     pub(super) text: Arc<str>,
+    /// It cannot be decoded, and could not be dead-lettered (another session holds it, maybe
+    /// to correct it): which tuples it will touch is not known, so every later row of its store
+    /// waits behind it until it is dead-lettered, corrected or gone. Its store is the one its
+    /// payload names, as far as that can be read.
+    pub(super) malformed: bool,
 }
 
 /// The rows of one Write and which of their operations it carries, all for one target.
@@ -116,11 +121,21 @@ impl Core {
         let mut target: Option<Target> = None;
         let mut room = true;
         let mut stuck = 0usize;
+        // Stores behind a row that cannot be decoded.
+        let mut barred: HashSet<Option<Arc<str>>> = HashSet::new();
         let ids: Vec<i64> = self.queue.keys().copied().collect();
         for id in ids {
             let Some(c) = self.queue.get(&id) else {
                 continue;
             };
+            if c.malformed || barred.contains(&c.target.store) {
+                barred.insert(c.target.store.clone());
+                if let Some(at) = self.memo.get(&id).and_then(|m| m.retry_at) {
+                    self.due_at(at);
+                }
+                stuck += 1;
+                continue;
+            }
             if self.to_mark.contains(&id) {
                 waiting.extend(c.hashes.iter().copied());
                 stuck += 1;

@@ -139,16 +139,14 @@ impl Deliverer {
                 let read = row.payload.as_deref().ok();
                 if self.dead_letter(conn, row.id, &e, read).await? {
                     self.core.dead(row.id);
-                } else {
-                    // Held by another session, or changed since it was read: looked at again
-                    // soon, with what it says then. Nothing later is queued meanwhile, as
-                    // which tuples it will touch is not known.
-                    self.core.report.held += 1;
-                    self.core.report.locked += 1;
-                    self.core.due_at(Instant::now() + super::LOCKED_ROWS_POLL);
-                    return Ok(Err(Unqueued::Unresolved));
+                    return Ok(Ok(None));
                 }
-                return Ok(Ok(None));
+                // Held by another session, or changed since it was read: looked at again soon,
+                // with what it says then. Meanwhile it bars the later rows of its store.
+                self.core.report.locked += 1;
+                self.bar(row.id, row.created_at, read.unwrap_or_default())
+                    .await;
+                return Ok(Ok(Some(row.id)));
             }
         };
         let Some(target) = self.target_of(&payload).await else {
@@ -190,8 +188,84 @@ impl Deliverer {
             target,
             hashes,
             text,
+            malformed: false,
         });
         Ok(Ok(Some(row.id)))
+    }
+
+    /// Queues a row that cannot be decoded and could not be dead-lettered, as a bar to the later
+    /// rows of the store its payload names (as far as that can be read), held back briefly.
+    async fn bar(&mut self, id: i64, created_at: std::time::SystemTime, text: &str) {
+        let named: Option<Arc<str>> = serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| v.get("store_id")?.as_str().map(Arc::from));
+        let target = match &named {
+            None => Target::default(),
+            Some(_) => {
+                let configured = self.client.configured_store_id().unwrap_or_default();
+                Target::of(named.as_ref(), None, configured)
+            }
+        };
+        self.core.admit(Candidate {
+            id,
+            created_at,
+            ops: Arc::from(Vec::new()),
+            target,
+            hashes: Vec::new(),
+            text: text.into(),
+            malformed: true,
+        });
+        self.core.hold_back(id, Instant::now());
+    }
+
+    /// Looks again at the rows that bar their store (undecodable, held by another session) whose
+    /// wait is over: gone (dead-lettered or delivered by that session) they leave the queue;
+    /// corrected, they are queued as they are now, in their place; still undecodable, they are
+    /// dead-lettered, or wait again.
+    pub(super) async fn recheck_bars(&mut self) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let due: Vec<i64> = self
+            .core
+            .queue
+            .values()
+            .filter(|c| c.malformed)
+            .filter(|c| {
+                self.core
+                    .memo
+                    .get(&c.id)
+                    .and_then(|m| m.retry_at)
+                    .is_none_or(|at| at <= now)
+            })
+            .map(|c| c.id)
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        let conn = self.store.pool().get().await?;
+        let rows: HashMap<i64, Result<String, String>> =
+            self.store.refresh(&conn, &due).await?.into_iter().collect();
+        for id in due {
+            let Some(old) = self.core.queue.remove(&id) else {
+                continue;
+            };
+            self.core.memo.remove(&id);
+            let Some(payload) = rows.get(&id) else {
+                continue;
+            };
+            let row = ClaimedRow {
+                id,
+                payload: payload.clone(),
+                created_at: old.created_at,
+                attempts: 0,
+                retried: None,
+            };
+            if let Err(Unqueued::Unresolved) = self.queue_row(&conn, row, &mut false).await? {
+                // Its store cannot be told yet: it keeps barring what it barred.
+                self.core.admit(old);
+                self.core.hold_back(id, now);
+            }
+        }
+        Ok(())
     }
 
     /// The target of a row: a row naming a store is keyed by it, unless it names the
