@@ -5,6 +5,7 @@ pub mod fga;
 pub mod metrics;
 pub mod pg;
 pub mod pgbouncer;
+pub mod procs;
 pub mod proxy;
 pub mod relay;
 pub mod systemd;
