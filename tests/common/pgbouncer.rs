@@ -5,8 +5,8 @@
 //! configuration still runs.
 
 use super::pg::{as_postgres, chown_to_postgres};
-use std::path::PathBuf;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

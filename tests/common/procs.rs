@@ -13,7 +13,11 @@ pub fn running_with(needle: &str) -> Vec<(i32, String)> {
     };
     let mut found = Vec::new();
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         // A process gone between the listing and the reads is simply not running.
@@ -24,7 +28,10 @@ pub fn running_with(needle: &str) -> Vec<(i32, String)> {
         let zombie = std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
             // The state follows the command name, which is in parentheses and may hold any
             // character: read it after the last ')'.
-            stat.rsplit(')').next().map(str::trim_start).is_some_and(|s| s.starts_with('Z'))
+            stat.rsplit(')')
+                .next()
+                .map(str::trim_start)
+                .is_some_and(|s| s.starts_with('Z'))
         });
         if !zombie && cmdline.contains(needle) {
             found.push((pid, cmdline.trim_end().to_owned()));
