@@ -3,6 +3,7 @@
 
 pub mod fga;
 pub mod metrics;
+pub mod oidc;
 pub mod pg;
 pub mod pgbouncer;
 pub mod procs;
