@@ -86,13 +86,15 @@ impl PgBouncer {
         let config = dir.join("pgbouncer.ini");
         std::fs::write(&config, ini).expect("write pgbouncer.ini");
         chown_to_postgres(&dir);
-        let child = as_postgres(&binary())
+        let mut command = as_postgres(&binary());
+        command
             .arg(&config)
             .process_group(0)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start pgbouncer");
+            .stderr(Stdio::null());
+        // Out of the terminal's process group, so an interrupted test run must end it too.
+        super::procs::ends_with_its_thread(&mut command);
+        let child = command.spawn().expect("start pgbouncer");
         let mut bouncer = PgBouncer { child, dir, port };
         bouncer.wait_ready();
         bouncer

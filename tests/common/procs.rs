@@ -3,7 +3,25 @@
 //! through (an intermediate such as `runuser` that dies of SIGKILL leaves its child running,
 //! orphaned, for as long as the machine runs).
 
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+/// Has the kernel kill the program `command` starts (SIGKILL, `PR_SET_PDEATHSIG`) when the thread
+/// that starts it ends: also when the test binary is killed, or interrupted with a process
+/// group of its own out of the terminal's reach. Set last before exec, after any change of uid,
+/// which would clear it.
+pub fn ends_with_its_thread(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
 
 /// The processes (pid and command line) whose arguments contain `needle`, zombies left out
 /// (they hold nothing but their pid until reaped).

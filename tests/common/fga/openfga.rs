@@ -221,16 +221,7 @@ fn start(binary: &Path, flavour: &Flavour) -> Server {
 /// kernel kills the server when that thread goes, which is when the test binary exits (the
 /// signal follows the spawning thread, not the process, so the thread must outlive the test).
 fn spawn_for_life(mut command: Command) -> u32 {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    super::super::procs::ends_with_its_thread(&mut command);
     let (pid_tx, pid_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("openfga".to_owned())
