@@ -1,8 +1,8 @@
 //! Operating it safely, each part done for real: PostgreSQL over TLS (a cluster with `ssl=on` and
 //! a CA made here), OpenFGA over https (a TLS front before OpenFGA's proxy), OIDC client
 //! credentials (OpenFGA with `--authn-method oidc`, trusting an issuer of the test's own), store
-//! names, and the least-privilege roles of
-//! `sql/roles.sql` (the relay and a writer logged in as those roles).
+//! names, and the least-privilege roles of `sql/roles.sql` (the relay and a writer logged in as
+//! those roles).
 
 use crate::common::fga::Fga;
 use crate::common::oidc::{AUDIENCE, CLIENT_SECRET, OTHER_AUDIENCE, OidcIssuer};
