@@ -364,29 +364,39 @@ impl Session {
     }
 
     /// Looks for a pooler in transaction mode at once, rather than at its first lost statement:
-    /// a pooled connection holds a transaction open while this session asks its pid. Through
-    /// PostgreSQL (or a session-mode pool) the two are different sessions, each with a pid of
-    /// its own for life; a transaction-mode pool may hand the transaction the server session
-    /// this connection just let go (PgBouncer reuses the last one freed), or serve this
-    /// connection from another. Reported to the session's `PoolerCheck`, which stops the relay;
-    /// a failure to ask is left to the relay's usual paths.
+    /// this session asks its pid, a pooled connection then holds a transaction open, and this
+    /// session asks again. Through PostgreSQL (or a session-mode pool) the two are different
+    /// sessions, each with a pid of its own for life. A transaction-mode pool hands the
+    /// transaction the server session this connection let go just before (PgBouncer reuses the
+    /// last one freed), or serves this connection from another than the one it began on. The
+    /// pid is asked right before the transaction, once the pooled connection is made and set
+    /// up: asked only at connect, another of the relay's statements freeing a server session in
+    /// between could leave the one this session began on free for it to come back to. Reported
+    /// to the session's `PoolerCheck`, which stops the relay; a failure to ask is left to the
+    /// relay's usual paths.
     pub async fn probe_pooler(&self, pool: &deadpool_postgres::Pool) {
         // Taken out of the pool, closed when done: a probe cut short (its deadline) must not
         // give a connection back to the pool inside its transaction.
         let Ok(conn) = pool.get().await.map(deadpool_postgres::Object::take) else {
             return;
         };
+        let before = self.current_pid().await.ok().flatten();
         let Ok(held) = conn.simple_query("BEGIN; SELECT pg_backend_pid()").await else {
             return;
         };
-        let now = self.current_pid().await.ok().flatten();
+        let after = self.current_pid().await.ok().flatten();
         let _ = conn.simple_query("ROLLBACK").await;
         let was = self.backend.pid;
         if let Some(held) = first_int(&held)
-            && !self.pooler.check_shared(was, held)
-            && let Some(now) = now
+            && (self.pooler.check_shared(was, held)
+                || before.is_some_and(|before| self.pooler.check_shared(before, held)))
         {
-            self.pooler.check_pid(was, now);
+            return;
+        }
+        for now in [before, after].into_iter().flatten() {
+            if self.pooler.check_pid(was, now) {
+                return;
+            }
         }
     }
 

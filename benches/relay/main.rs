@@ -29,6 +29,7 @@ mod common {
     pub mod fga;
     pub mod metrics;
     pub mod pg;
+    pub mod procs;
     pub mod relay;
 }
 

@@ -3,8 +3,10 @@
 
 pub mod fga;
 pub mod metrics;
+pub mod oidc;
 pub mod pg;
 pub mod pgbouncer;
+pub mod procs;
 pub mod proxy;
 pub mod relay;
 pub mod systemd;

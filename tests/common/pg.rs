@@ -348,7 +348,37 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// A command for a PostgreSQL tool, run as `postgres` when we are root.
+/// A long-running program run as `postgres` when we are root: the program itself is the child
+/// (its uid and gid set between fork and exec), never a `runuser` in front of it, whose death
+/// would leave the program running, orphaned.
+pub fn as_postgres(program: &Path) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(program);
+    if is_root() {
+        let (uid, gid) = postgres_ids();
+        // std empties the supplementary groups when it sets the uid of a root process.
+        c.uid(uid).gid(gid);
+    }
+    c
+}
+
+/// The uid and gid of the `postgres` user.
+fn postgres_ids() -> (u32, u32) {
+    let name = std::ffi::CString::new("postgres").expect("no NUL in a literal");
+    // SAFETY: getpwnam with a NUL-terminated name; the fields are copied out at once, before
+    // any other call could reuse its static buffer (tests call it from one place only).
+    let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+    assert!(
+        !entry.is_null(),
+        "no postgres user (apt-get install -y postgresql makes it)"
+    );
+    // SAFETY: not null, as checked.
+    unsafe { ((*entry).pw_uid, (*entry).pw_gid) }
+}
+
+/// A command for a PostgreSQL tool, run as `postgres` when we are root. For tools that end on
+/// their own (`pg_ctl` daemonizes the server itself); a program the test stops goes through
+/// [`as_postgres`].
 pub fn pg_tool(tool: &Path, args: &[&str]) -> Command {
     if is_root() {
         let mut c = Command::new("runuser");

@@ -1,8 +1,11 @@
 //! A real PgBouncer (Debian's `pgbouncer`) in front of a test cluster, on a loopback port of its
-//! own, its configuration in a temporary directory. Stopped and removed on drop. As root it runs
-//! as `postgres` (PgBouncer refuses to run as root), as the cluster does.
+//! own, its configuration in a temporary directory. As root it runs as `postgres` (PgBouncer
+//! refuses to run as root), as the cluster does, but as our own child, in a process group of its
+//! own. On drop the group is killed and the test fails if any process started with its
+//! configuration still runs.
 
-use super::pg::{chown_to_postgres, pg_tool};
+use super::pg::{as_postgres, chown_to_postgres};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -83,11 +86,15 @@ impl PgBouncer {
         let config = dir.join("pgbouncer.ini");
         std::fs::write(&config, ini).expect("write pgbouncer.ini");
         chown_to_postgres(&dir);
-        let child = pg_tool(&binary(), &[config.to_str().expect("a UTF-8 path")])
+        let mut command = as_postgres(&binary());
+        command
+            .arg(&config)
+            .process_group(0)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start pgbouncer");
+            .stderr(Stdio::null());
+        // Out of the terminal's process group, so an interrupted test run must end it too.
+        super::procs::ends_with_its_thread(&mut command);
+        let child = command.spawn().expect("start pgbouncer");
         let mut bouncer = PgBouncer { child, dir, port };
         bouncer.wait_ready();
         bouncer
@@ -121,8 +128,15 @@ impl PgBouncer {
 
 impl Drop for PgBouncer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // The whole group: whatever PgBouncer was started through, and whatever it started.
+        // SAFETY: kill(2) on the process group our own child leads.
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
+        }
         let _ = self.child.wait();
+        // Every process of this PgBouncer names its configuration file, which is in `dir`.
+        let config = self.dir.join("pgbouncer.ini");
+        super::procs::assert_none_left(&config.to_string_lossy(), "PgBouncer");
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -1,18 +1,18 @@
 //! Operating it safely, each part done for real: PostgreSQL over TLS (a cluster with `ssl=on` and
 //! a CA made here), OpenFGA over https (a TLS front before OpenFGA's proxy), OIDC client
-//! credentials (a token issuer of the test's own), store names, and the least-privilege roles of
-//! `sql/roles.sql` (the relay and a writer logged in as those roles).
+//! credentials (OpenFGA with `--authn-method oidc`, trusting an issuer of the test's own), store
+//! names, and the least-privilege roles of `sql/roles.sql` (the relay and a writer logged in as
+//! those roles).
 
 use crate::common::fga::Fga;
+use crate::common::oidc::{AUDIENCE, CLIENT_SECRET, OTHER_AUDIENCE, OidcIssuer};
 use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
 use crate::common::relay::{Env, RelayProc, assert_success, tk, wait_until, writes};
-use crate::common::tls::{Background, HttpsFront, TempDir, TestCa, bind_local};
+use crate::common::tls::{HttpsFront, TempDir, TestCa};
 use serde_json::{Value, json};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Output;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -441,145 +441,11 @@ async fn openfga_over_https_without_the_ca_is_a_certificate_error() {
 // OIDC client credentials
 // ------------------------------------------------------------------------------------------------
 
-const CLIENT_ID: &str = "fga-relay-test";
-const CLIENT_SECRET: &str = "s3cret-client-secret";
-const AUDIENCE: &str = "https://fga.example/";
+// A real OpenFGA with `--authn-method oidc`, trusting an issuer of the test's own
+// (`tests/common/oidc.rs`), which signs the tokens the relay fetches with client credentials.
 
-#[derive(Default)]
-struct IssuerState {
-    /// The lifetime of the tokens it hands out, in seconds.
-    expires_in: u64,
-    /// Token requests received, good or bad.
-    requests: usize,
-    /// Tokens handed out and still valid, with when they expire.
-    valid: HashMap<String, Instant>,
-    issued: usize,
-    /// Requests the proxy refused (expired or revoked token).
-    refused: usize,
-    /// The `scope` of each token request, as received.
-    scopes: Vec<Option<String>>,
-}
-
-/// A token issuer of the test's own: `POST /oauth/token`, form-encoded, client credentials.
-struct TokenIssuer {
-    url: String,
-    state: Arc<Mutex<IssuerState>>,
-    _server: Background,
-}
-
-impl TokenIssuer {
-    fn start(expires_in: u64) -> TokenIssuer {
-        let state = Arc::new(Mutex::new(IssuerState {
-            expires_in,
-            ..IssuerState::default()
-        }));
-        let app = axum::Router::new()
-            .route("/oauth/token", axum::routing::post(issue))
-            .with_state(state.clone());
-        let (listener, addr) = bind_local();
-        let server = Background::spawn("token-issuer", move || async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            let _ = axum::serve(listener, app).await;
-        });
-        TokenIssuer {
-            url: format!("http://{addr}"),
-            state,
-            _server: server,
-        }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, IssuerState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn requests(&self) -> usize {
-        self.state().requests
-    }
-
-    fn refused(&self) -> usize {
-        self.state().refused
-    }
-
-    fn scopes(&self) -> Vec<Option<String>> {
-        self.state().scopes.clone()
-    }
-
-    /// Rotates: every token handed out so far stops being valid.
-    fn revoke_all(&self) {
-        self.state().valid.clear();
-    }
-
-    /// OpenFGA's proxy, accepting exactly the tokens this issuer says are valid now.
-    fn fga(&self) -> Fga {
-        let state = self.state.clone();
-        Fga::builder()
-            .accept_bearer(move |token| {
-                let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-                let ok = s.valid.get(token).is_some_and(|exp| Instant::now() < *exp);
-                if !ok {
-                    s.refused += 1;
-                }
-                ok
-            })
-            .start()
-    }
-
-    /// The relay's settings for this issuer.
-    fn vars(&self, secret: &str) -> Vec<(&'static str, String)> {
-        vec![
-            ("FGA_CLIENT_ID", CLIENT_ID.to_owned()),
-            ("FGA_CLIENT_SECRET", secret.to_owned()),
-            ("FGA_API_TOKEN_ISSUER", self.url.clone()),
-            ("FGA_API_AUDIENCE", AUDIENCE.to_owned()),
-        ]
-    }
-}
-
-/// `POST /oauth/token` as an OAuth2 server answers the client-credentials grant (RFC 6749 §4.4).
-async fn issue(
-    axum::extract::State(state): axum::extract::State<Arc<Mutex<IssuerState>>>,
-    axum::Form(form): axum::Form<HashMap<String, String>>,
-) -> (axum::http::StatusCode, axum::Json<Value>) {
-    use axum::http::StatusCode;
-    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-    s.requests += 1;
-    let field = |k: &str| form.get(k).map(String::as_str);
-    s.scopes.push(field("scope").map(str::to_owned));
-    if field("grant_type") != Some("client_credentials") {
-        return (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": "unsupported_grant_type"})),
-        );
-    }
-    if field("client_id") != Some(CLIENT_ID) || field("client_secret") != Some(CLIENT_SECRET) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            axum::Json(json!({"error": "invalid_client"})),
-        );
-    }
-    if field("audience") != Some(AUDIENCE) {
-        return (
-            StatusCode::FORBIDDEN,
-            axum::Json(json!({"error": "access_denied"})),
-        );
-    }
-    s.issued += 1;
-    let token = format!("token-{}", s.issued);
-    let expires_in = s.expires_in;
-    s.valid.insert(
-        token.clone(),
-        Instant::now() + Duration::from_secs(expires_in),
-    );
-    (
-        StatusCode::OK,
-        axum::Json(
-            json!({"access_token": token, "token_type": "Bearer", "expires_in": expires_in}),
-        ),
-    )
-}
-
-async fn oidc_env(issuer: &TokenIssuer) -> Env {
-    Env::with_fga(issuer.fga()).await
+async fn oidc_env(issuer: &OidcIssuer) -> Env {
+    Env::with_fga(issuer.openfga().start()).await
 }
 
 fn spawn_with(env: &Env, vars: &[(&'static str, String)]) -> RelayProc {
@@ -596,33 +462,36 @@ async fn deliver_one_by_one(env: &Env, n: usize, gap: Duration) {
     }
 }
 
+/// The Writes the proxy passed on: (the bearer token, OpenFGA's status).
+fn write_answers(env: &Env) -> Vec<(Option<String>, u16)> {
+    env.fga
+        .writes()
+        .into_iter()
+        .map(|w| (w.authorization, w.status))
+        .collect()
+}
+
+fn bearer(token: &str) -> Option<String> {
+    Some(format!("Bearer {token}"))
+}
+
 /// The token is fetched once and sent with every request: ListStores (the store is given by
-/// name), GetStore and every Write.
+/// name), GetStore and every Write, all accepted by OpenFGA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_token_is_fetched_once_and_sent() {
-    let issuer = TokenIssuer::start(3600);
+    let issuer = OidcIssuer::start(3600);
     let env = oidc_env(&issuer).await;
-    let mut vars = issuer.vars(CLIENT_SECRET);
+    let mut vars = issuer.vars(AUDIENCE, CLIENT_SECRET);
     vars.push(("FGA_STORE_ID", String::new()));
     vars.push(("FGA_STORE_NAME", env.fga.store_name().to_owned()));
     let relay = spawn_with(&env, &vars);
     relay.wait_for_log("OpenFGA store found").await;
     relay.wait_for_log("delivering (leader)").await;
     deliver_one_by_one(&env, 5, Duration::ZERO).await;
-    assert_eq!(issuer.requests(), 1, "one token for everything");
-    assert_eq!(issuer.refused(), 0);
-    let writes = env.fga.writes();
-    assert_eq!(writes.len(), 5);
-    assert!(
-        writes
-            .iter()
-            .all(|w| w.authorization.as_deref() == Some("Bearer token-1") && w.status == 200),
-        "{:?}",
-        writes
-            .iter()
-            .map(|w| (&w.authorization, w.status))
-            .collect::<Vec<_>>()
-    );
+    let issued = issuer.state().issued.clone();
+    assert_eq!(issuer.state().requests, 1, "one token for everything");
+    assert_eq!(issued.len(), 1);
+    assert_eq!(write_answers(&env), vec![(bearer(&issued[0].0), 200); 5]);
     assert!(!relay.logs().contains(CLIENT_SECRET));
 }
 
@@ -631,13 +500,13 @@ async fn oidc_token_is_fetched_once_and_sent() {
 /// systemd credential `fga-client-secret`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_scopes_are_sent_and_the_secret_may_be_a_file() {
-    let issuer = TokenIssuer::start(3600);
+    let issuer = OidcIssuer::start(3600);
     let env = oidc_env(&issuer).await;
     let dir = std::env::temp_dir().join(format!("oidc-scopes-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let secret_file = dir.join("fga-client-secret");
     std::fs::write(&secret_file, format!("{CLIENT_SECRET}\n")).unwrap();
-    let mut vars = issuer.vars(CLIENT_SECRET);
+    let mut vars = issuer.vars(AUDIENCE, CLIENT_SECRET);
     vars.retain(|(k, _)| *k != "FGA_CLIENT_SECRET");
 
     let mut with_file = vars.clone();
@@ -647,7 +516,7 @@ async fn oidc_scopes_are_sent_and_the_secret_may_be_a_file() {
     relay.wait_for_log("delivering (leader)").await;
     deliver_one_by_one(&env, 1, Duration::ZERO).await;
     assert_eq!(
-        issuer.scopes(),
+        issuer.state().scopes,
         [Some("read:tuples write:tuples".to_owned())]
     );
     drop(relay);
@@ -667,73 +536,108 @@ async fn oidc_scopes_are_sent_and_the_secret_may_be_a_file() {
     let out = c.output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(env.row(id).await.delivered);
-    assert_eq!(issuer.scopes().last(), Some(&Some("a b c".to_owned())));
+    assert_eq!(
+        issuer.state().scopes.last(),
+        Some(&Some("a b c".to_owned()))
+    );
     assert!(!stderr_of(&out).contains(CLIENT_SECRET));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A token that lives 2 s is replaced at half its life: across 5 s of writes OpenFGA never sees
-/// an expired token.
+/// A token that lives 2 s is replaced at half its life: across 5 s of writes OpenFGA refuses
+/// no Write for an expired token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_token_is_refreshed_before_it_expires() {
-    let issuer = TokenIssuer::start(2);
+    let issuer = OidcIssuer::start(2);
     let env = oidc_env(&issuer).await;
-    let relay = spawn_with(&env, &issuer.vars(CLIENT_SECRET));
+    let relay = spawn_with(&env, &issuer.vars(AUDIENCE, CLIENT_SECRET));
     relay.wait_for_log("delivering (leader)").await;
     deliver_one_by_one(&env, 10, Duration::from_millis(500)).await;
+    let requests = issuer.state().requests;
+    assert!(requests >= 3, "{requests} token requests");
+    let answers = write_answers(&env);
     assert!(
-        issuer.requests() >= 3,
-        "{} token requests",
-        issuer.requests()
+        answers.iter().all(|(_, status)| *status == 200),
+        "{answers:?}"
     );
-    assert_eq!(issuer.refused(), 0, "a request carried an expired token");
-    let tokens: std::collections::BTreeSet<_> = env
-        .fga
-        .writes()
-        .into_iter()
-        .filter_map(|w| w.authorization)
-        .collect();
+    let tokens: std::collections::BTreeSet<_> = answers.into_iter().map(|(t, _)| t).collect();
     assert!(tokens.len() >= 3, "{tokens:?}");
 }
 
-/// The issuer rotates (OpenFGA now refuses the old token with 401): the relay fetches a new
-/// token, sends the Write again, and delivers; nothing is dead-lettered.
+/// A token that expires long before the issuer said it would (`expires_in` an hour, `exp` two
+/// seconds): OpenFGA refuses the next Write with 401, and the relay fetches a new token, sends
+/// the Write again, and delivers; nothing is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oidc_token_refused_with_401_is_fetched_anew() {
-    let issuer = TokenIssuer::start(3600);
+async fn oidc_a_token_that_expires_mid_run_is_fetched_anew() {
+    let issuer = OidcIssuer::start(3600);
+    issuer.state().lifetime = 2;
     let env = oidc_env(&issuer).await;
-    let relay = spawn_with(&env, &issuer.vars(CLIENT_SECRET));
+    let mut relay = spawn_with(&env, &issuer.vars(AUDIENCE, CLIENT_SECRET));
     relay.wait_for_log("delivering (leader)").await;
     deliver_one_by_one(&env, 1, Duration::ZERO).await;
-    issuer.revoke_all();
+    let (first, exp) = issuer.state().issued[0].clone();
+    let expired = std::time::UNIX_EPOCH + Duration::from_secs(exp) + Duration::from_millis(50);
+    wait_until(
+        Duration::from_secs(10),
+        "the first token expired",
+        || async { std::time::SystemTime::now() > expired },
+    )
+    .await;
     deliver_one_by_one(&env, 1, Duration::ZERO).await;
-    assert_eq!(issuer.requests(), 2);
-    assert_eq!(issuer.refused(), 1);
-    let answers: Vec<(Option<String>, u16)> = env
-        .fga
-        .writes()
-        .into_iter()
-        .map(|w| (w.authorization, w.status))
-        .collect();
-    let bearer = |t: &str| Some(format!("Bearer {t}"));
+    let issued = issuer.state().issued.clone();
+    assert_eq!(issued.len(), 2, "{} tokens", issued.len());
     assert_eq!(
-        answers,
+        write_answers(&env),
         vec![
-            (bearer("token-1"), 200),
-            (bearer("token-1"), 401),
-            (bearer("token-2"), 200)
+            (bearer(&first), 200),
+            (bearer(&first), 401),
+            (bearer(&issued[1].0), 200)
         ]
     );
     assert_eq!(env.dead().await, 0);
+    assert!(relay.is_running(), "{}", relay.logs());
+}
+
+/// A token for another API the issuer knows (`FGA_API_AUDIENCE` wrong): the issuer hands it
+/// out, OpenFGA refuses it (401 `invalid_claims`), and the relay says so as a configuration
+/// error, loudly, fetches tokens anew, and dead-letters nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_a_token_for_another_audience_is_loud_and_dead_letters_nothing() {
+    let issuer = OidcIssuer::start(3600);
+    let env = oidc_env(&issuer).await;
+    let relay = spawn_with(&env, &issuer.vars(OTHER_AUDIENCE, CLIENT_SECRET));
+    let id = env.insert(a_row(1)).await;
+    relay
+        .wait_for_log_count("OpenFGA refused the relay's writes", 2)
+        .await;
+    let logs = relay.logs();
+    let line = log_line(&logs, "OpenFGA refused the relay's writes");
+    assert!(
+        line.contains("ERROR")
+            && line.contains("class=\"configuration\"")
+            && line.contains("401")
+            && line.contains("invalid_claims"),
+        "{line}"
+    );
+    let row = env.row(id).await;
+    assert!(!row.delivered && !row.dead && row.attempts >= 2, "{row:?}");
+    assert_eq!(env.dead().await, 0);
+    let answers = write_answers(&env);
+    assert!(
+        !answers.is_empty() && answers.iter().all(|(_, status)| *status == 401),
+        "{answers:?}"
+    );
+    assert!(issuer.state().requests >= 2, "a new token after a 401");
+    assert!(!env.fga.has("user:anne", "viewer", "document:1"));
 }
 
 /// A wrong client secret: the issuer refuses it, the relay logs it as a configuration error
 /// (naming the settings to check, never the secret), retries, and dead-letters nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_wrong_client_secret_is_loud_and_dead_letters_nothing() {
-    let issuer = TokenIssuer::start(3600);
+    let issuer = OidcIssuer::start(3600);
     let env = oidc_env(&issuer).await;
-    let relay = spawn_with(&env, &issuer.vars("not-the-secret"));
+    let relay = spawn_with(&env, &issuer.vars(AUDIENCE, "not-the-secret"));
     relay.wait_for_log("delivering (leader)").await;
     let id = env.insert(a_row(1)).await;
     relay

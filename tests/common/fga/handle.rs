@@ -53,9 +53,21 @@ impl FgaBuilder {
         self
     }
 
-    /// OIDC as a gateway in front of OpenFGA checks it: a bearer token is accepted iff
-    /// `f(token)`; a rejected one gets OpenFGA's OIDC answer, 401 `invalid_claims`. Played by
-    /// the proxy: a real OIDC setup needs an issuer whose signed tokens the test would mint.
+    /// A server of this test's own with `--authn-method oidc`, trusting `issuer` (which must be
+    /// serving: OpenFGA reads its discovery document and keys at start) for tokens naming
+    /// `audience`; the harness's own calls carry `token` (`OidcIssuer::openfga` gives all three).
+    pub fn oidc(mut self, issuer: &str, audience: &str, token: String) -> Self {
+        self.flavour.oidc = Some(super::openfga::Oidc {
+            issuer: issuer.to_owned(),
+            audience: audience.to_owned(),
+            token,
+        });
+        self
+    }
+
+    /// A bearer token, as a gateway in front of OpenFGA checks it, for a token the test changes
+    /// while the relay runs: a token is accepted iff `f(token)`; a rejected one gets OpenFGA's
+    /// answer, 401 `invalid_claims`. Played by the proxy (for OIDC itself, see [`Self::oidc`]).
     pub fn accept_bearer(mut self, f: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         self.bearer = Some(Arc::new(f));
         self
@@ -154,6 +166,7 @@ impl Fga {
                 preshared_keys: Vec::new(),
                 max_tuples_per_write: DEFAULT_MAX_TUPLES_PER_WRITE,
                 postgres: None,
+                oidc: None,
             },
             bearer: None,
             model: Some(Model::default()),

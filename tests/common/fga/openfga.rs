@@ -24,6 +24,17 @@ pub(super) struct Flavour {
     /// `None`: the memory datastore. Some(connection string): OpenFGA's PostgreSQL datastore
     /// there, migrated first, on a server of the test's own.
     pub(super) postgres: Option<String>,
+    /// `--authn-method oidc` against an issuer of the test's own (a server of its own).
+    pub(super) oidc: Option<Oidc>,
+}
+
+/// What OpenFGA needs for OIDC: the issuer it fetches the discovery document and keys from at
+/// start, and the audience its tokens must name; and a token the harness's own calls carry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Oidc {
+    pub(super) issuer: String,
+    pub(super) audience: String,
+    pub(super) token: String,
 }
 
 /// A running server: where it listens, and a key to call it with when it wants one. A server
@@ -48,7 +59,8 @@ static SERVERS: LazyLock<Mutex<HashMap<Flavour, Arc<Server>>>> = LazyLock::new(D
 
 /// The server of this flavour, started on first use (and built first, once per machine).
 pub(super) fn server(flavour: &Flavour) -> Arc<Server> {
-    if flavour.postgres.is_some() {
+    // A server of the test's own: on its PostgreSQL, or trusting its issuer.
+    if flavour.postgres.is_some() || flavour.oidc.is_some() {
         return Arc::new(start(&binary(flavour.version), flavour));
     }
     // Held while building and starting, so that two tests wanting the same flavour start one.
@@ -165,6 +177,16 @@ fn start(binary: &Path, flavour: &Flavour) -> Server {
                 &flavour.preshared_keys.join(","),
             ]);
         }
+        if let Some(oidc) = &flavour.oidc {
+            command.args([
+                "--authn-method",
+                "oidc",
+                "--authn-oidc-issuer",
+                &oidc.issuer,
+                "--authn-oidc-audience",
+                &oidc.audience,
+            ]);
+        }
         let file = std::fs::File::create(&log).expect("create the OpenFGA log");
         command
             .stdin(Stdio::null())
@@ -174,7 +196,11 @@ fn start(binary: &Path, flavour: &Flavour) -> Server {
         let url = format!("http://127.0.0.1:{http}");
         let server = Server {
             url,
-            key: flavour.preshared_keys.first().cloned(),
+            key: flavour
+                .preshared_keys
+                .first()
+                .cloned()
+                .or_else(|| flavour.oidc.as_ref().map(|o| o.token.clone())),
             pid,
         };
         if healthy(&server.url, Duration::from_secs(30)) {
@@ -195,16 +221,7 @@ fn start(binary: &Path, flavour: &Flavour) -> Server {
 /// kernel kills the server when that thread goes, which is when the test binary exits (the
 /// signal follows the spawning thread, not the process, so the thread must outlive the test).
 fn spawn_for_life(mut command: Command) -> u32 {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    super::super::procs::ends_with_its_thread(&mut command);
     let (pid_tx, pid_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("openfga".to_owned())
