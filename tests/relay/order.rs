@@ -273,7 +273,7 @@ async fn an_older_openfga_holding_another_condition_dead_letters_the_write() {
 }
 
 /// A 400 naming one tuple, as OpenFGA answers a tuple its model does not allow.
-fn invalid(user: &str, relation: &str, object: &str) -> FaultRule {
+pub(crate) fn invalid(user: &str, relation: &str, object: &str) -> FaultRule {
     FaultRule::once(Fault::status(
         400,
         "validation_error",

@@ -308,3 +308,74 @@ async fn a_store_that_fails_after_working_has_no_row_dead_lettered() {
     env.wait_drained_within(Duration::from_secs(30)).await;
     assert_eq!(env.dead().await, 0);
 }
+
+/// A row brought back from dead a second time is looked at again for later rows that
+/// superseded it: brought back once (nothing superseded it then), held by failing Writes,
+/// dead-lettered by hand meanwhile, then a revoke of its tuple delivered, and brought back
+/// again: its grant is skipped, never replayed over the revoke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_retry_looks_again_for_rows_that_superseded_it() {
+    let env = Env::start().await;
+    env.fga
+        .push_fault(crate::order::invalid("user:anne", "viewer", "document:1"));
+    let grant = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the grant is dead", || async {
+        env.row(grant).await.dead
+    })
+    .await;
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 1_000_000).when_tuple(
+            "user:anne",
+            "viewer",
+            "document:1",
+        ));
+    let before = env.row(grant).await.attempts;
+    let retry = |args: &[&str]| {
+        let out = env.command(args).output().expect("run retry");
+        crate::common::relay::assert_success(&out, "fga-relay retry");
+    };
+    retry(&["retry", &grant.to_string()]);
+    wait_until(PROMPTLY, "the grant brought back fails again", || async {
+        env.row(grant).await.attempts > before
+    })
+    .await;
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'given up on by hand' \
+             WHERE id = $1",
+            &[&grant],
+        )
+        .await
+        .expect("dead-letter by hand");
+    env.fga.clear_faults();
+    let revoke = env
+        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(revoke).await;
+    retry(&["retry", &grant.to_string()]);
+    wait_until(
+        PROMPTLY,
+        "the grant brought back again is done with",
+        || async {
+            let r = env.row(grant).await;
+            r.delivered || r.dead
+        },
+    )
+    .await;
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the grant was replayed over the later revoke; relay log:\n{}",
+        relay.logs()
+    );
+    let r = env.row(grant).await;
+    assert!(
+        r.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("superseded")),
+        "{r:?}"
+    );
+}
