@@ -1,6 +1,7 @@
 //! `fga-relay migrate`: creates the outbox schema or upgrades it, keeping every row.
 
 use super::failure::Failure;
+use crate::output;
 use crate::schema;
 use crate::settings::DbArgs;
 use clap::Args;
@@ -30,12 +31,12 @@ impl Migrate {
             drop(client);
             let _ = driver.await;
             if changes.is_empty() {
-                println!("schema is current (version {})", schema::VERSION);
+                output::line(format_args!("schema is current (version {})", schema::VERSION));
                 return Ok(ExitCode::SUCCESS);
             }
-            println!("migrate would:");
+            output::line("migrate would:");
             for change in changes {
-                println!("  {change}");
+                output::line(format_args!("  {change}"));
             }
             return Ok(ExitCode::from(1));
         }

@@ -1,6 +1,7 @@
 //! `fga-relay prune`: deletes delivered rows older than a duration, in small batches.
 
 use super::failure::Failure;
+use crate::output;
 use super::open::open_store;
 use crate::config::{self, ConfigError};
 use crate::payload::store_filter;
@@ -53,7 +54,7 @@ impl Prune {
             }
         }
         info!(rows = total, older_than = %older_than, "pruned delivered rows");
-        println!("{total} delivered row(s) deleted");
+        output::line(format_args!("{total} delivered row(s) deleted"));
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -10,6 +10,7 @@
 //! the rows delivered in between.
 
 use super::failure::Failure;
+use crate::output;
 use super::open::open_store;
 use crate::config::ConfigError;
 use crate::payload::{Op, Payload, TupleKey, store_filter};
@@ -59,18 +60,18 @@ impl Retry {
             let rows = store.dead_rows(which, only.as_deref()).await?;
             for (id, text) in &rows {
                 for line in preview(&store, *id, text).await? {
-                    println!("{line}");
+                    output::line(line);
                 }
             }
             if !dead {
                 for id in ids.iter().filter(|id| !rows.iter().any(|(r, _)| r == *id)) {
-                    println!("row {id}: not a dead row (of that store), left as it is");
+                    output::line(format_args!("row {id}: not a dead row (of that store), left as it is"));
                 }
             }
-            println!(
+            output::line(format_args!(
                 "{} dead row(s) would be sent back to pending (dry run: nothing changed)",
                 rows.len()
-            );
+            ));
             return Ok(ExitCode::SUCCESS);
         }
         let sent = store.retry(which, only.as_deref()).await?;
@@ -87,7 +88,7 @@ impl Retry {
                 warn!(id, "not a dead row (of that store): left as it is");
             }
         }
-        println!("{} row(s) sent back to pending", sent.len());
+        output::line(format_args!("{} row(s) sent back to pending", sent.len()));
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -3,6 +3,7 @@
 //! in `--json`, the few with the most pending rows in text).
 
 use super::failure::Failure;
+use crate::output;
 use super::open::open_store;
 use crate::settings::DbArgs;
 use clap::Args;
@@ -37,17 +38,17 @@ impl Status {
         let stores = store.status_stores().await?;
         if self.json {
             let report = Report { counts: s, stores };
-            println!(
+            output::line(format_args!(
                 "{}",
                 serde_json::to_string(&report).expect("status always serialises")
-            );
+            ));
         } else {
-            println!("pending    {}", s.pending);
-            println!("dead       {}", s.dead);
-            println!("delivered  {}", s.delivered);
+            output::line(format_args!("pending    {}", s.pending));
+            output::line(format_args!("dead       {}", s.dead));
+            output::line(format_args!("delivered  {}", s.delivered));
             match s.oldest_pending_age_seconds {
-                Some(age) => println!("oldest pending row: {age:.1}s old"),
-                None => println!("oldest pending row: none"),
+                Some(age) => output::line(format_args!("oldest pending row: {age:.1}s old")),
+                None => output::line("oldest pending row: none"),
             }
             // What every claim walks past until VACUUM: worth a look when latency creeps up.
             let versions = s
@@ -56,22 +57,22 @@ impl Status {
             let vacuumed = s
                 .last_vacuum_age_seconds
                 .map_or_else(|| "never".to_owned(), |age| format!("{age:.0}s ago"));
-            println!("old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})");
+            output::line(format_args!("old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})"));
             // Only rows naming no store: the one store there is, nothing to add.
             if stores.iter().any(|c| c.store_id.is_some()) {
-                println!("by store ({} with rows not delivered):", stores.len());
+                output::line(format_args!("by store ({} with rows not delivered):", stores.len()));
                 for c in stores.iter().take(TEXT_STORES) {
                     let id = c
                         .store_id
                         .as_deref()
                         .unwrap_or("(none named: configured store)");
-                    println!("  {id}  pending {}, dead {}", c.pending, c.dead);
+                    output::line(format_args!("  {id}  pending {}, dead {}", c.pending, c.dead));
                 }
                 if stores.len() > TEXT_STORES {
-                    println!(
+                    output::line(format_args!(
                         "  … and {} more (fga-relay status --json lists them all)",
                         stores.len() - TEXT_STORES
-                    );
+                    ));
                 }
             }
         }

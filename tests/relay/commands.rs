@@ -401,3 +401,53 @@ fn every_command_helps_with_an_example_and_possible_values() {
     }
     assert!(help(&["reconcile", "--help"]).contains("[possible values: auto, store,"));
 }
+
+/// A reader that goes away (`fga-relay check | head -1`) ends every command quietly, as SIGPIPE
+/// ends `cat`: status 141 (or 0 where clap prints), never a panic. stdout is a real pipe whose
+/// reading end is closed before the command starts, so that its first write finds it closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_ends_quietly_when_its_reader_goes_away() {
+    let env = Env::start().await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let dead = dead.to_string();
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["check"],
+        vec!["sql"],
+        vec!["sql", "--roles"],
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["drain", "--timeout", "20s"],
+        vec!["retry", "--dead", "--dry-run"],
+        vec!["retry", &dead],
+        vec!["reconcile"],
+        vec!["reconcile", "--json"],
+        vec!["migrate", "--check"],
+        vec!["migrate"],
+        vec!["prune", "--older-than", "1h"],
+        vec!["--help"],
+        vec!["run", "--help"],
+        vec!["--version"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = env
+            .command(&args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let what = format!("`fga-relay {}` ({}):\n{stderr}", args.join(" "), out.status);
+        assert!(
+            matches!(out.status.code(), Some(0 | 141)),
+            "{what}"
+        );
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "{what}"
+        );
+    }
+}
