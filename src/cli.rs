@@ -3,7 +3,7 @@
 //!
 //! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout); 2 bad
 //! settings, with one line naming the setting; 143 or 130 when a second SIGTERM or SIGINT ended
-//! `run` or `drain` at once (see `shutdown`).
+//! `run` or `drain` at once (see `shutdown`); 141 when stdout's reader went away (see `output`).
 
 use crate::commands::{self, Failure};
 use crate::config::LogFormat;
@@ -37,9 +37,10 @@ pub enum Command {
         after_help = "Examples:\n  fga-relay migrate\n  fga-relay migrate --check   # exit 1 when it would change something\n  DATABASE_URL=postgres://owner@db/app fga-relay migrate --table fga_outbox"
     )]
     Migrate(commands::Migrate),
-    /// Check the settings, PostgreSQL (no transaction pooler, the schema, the role's grants) and
-    /// OpenFGA (credentials, store, model) without starting: one line each; exit 0 all pass,
-    /// 1 one fails, 2 bad settings.
+    /// Check `run`'s settings (its flags and variables, as `run` checks them) and its endpoint's
+    /// address, PostgreSQL (no transaction pooler, the schema, the role's grants) and OpenFGA
+    /// (credentials, store, model) without starting: one line each; exit 0 all pass, 1 one
+    /// fails, 2 bad settings.
     #[command(
         after_help = "Examples:\n  fga-relay check\n  DATABASE_URL=postgres://relay@db/app FGA_STORE_ID=01J... fga-relay check"
     )]
@@ -92,7 +93,7 @@ pub fn main() -> ExitCode {
     let format = match LogFormat::parse(or_default(&cli.log_format, DEFAULT_LOG_FORMAT)) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("fga-relay: {e}");
+            crate::telemetry::error_line(&e.to_string());
             return ExitCode::from(2);
         }
     };
