@@ -1,7 +1,8 @@
 //! The command line: parses it and hands the work to the command (`commands/`), whose flags come
 //! with their environment fallbacks (the OpenFGA ones named as the `fga` CLI names them).
 //!
-//! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout); 2 bad
+//! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout); 3 for
+//! `drain`: rows dead-lettered, none left pending (unless `--allow-dead`); 2 bad
 //! settings, with one line naming the setting; 143 or 130 when a second SIGTERM or SIGINT ended
 //! `run` or `drain` at once (see `shutdown`); 141 when stdout's reader went away (see `output`).
 
@@ -55,9 +56,12 @@ pub enum Command {
         after_help = "Examples:\n  DATABASE_URL=postgres://relay@db/app FGA_API_URL=http://openfga:8080 FGA_STORE_ID=01J... fga-relay run\n  PGHOST=db PGUSER=relay PGDATABASE=app FGA_STORE_NAME=prod fga-relay run --http-addr 0.0.0.0:9464"
     )]
     Run(commands::Run),
-    /// Deliver every row pending now, then exit: 0 when none is left pending, 1 when some are
-    /// at the timeout.
-    #[command(after_help = "Examples:\n  fga-relay drain --timeout 5m")]
+    /// Deliver every row pending now, then say what became of them: exit 0 when all were
+    /// delivered, 1 when some are still pending at the timeout, 3 when some were dead-lettered
+    /// (0 with --allow-dead).
+    #[command(
+        after_help = "Examples:\n  fga-relay drain --timeout 5m\n  fga-relay drain --allow-dead   # a gate that lets dead rows through"
+    )]
     Drain(commands::Drain),
     /// Pending, dead and delivered counts, and the age of the oldest pending row.
     #[command(after_help = "Examples:\n  fga-relay status\n  fga-relay status --json")]

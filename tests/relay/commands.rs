@@ -265,6 +265,55 @@ async fn drain_exits_1_when_rows_are_still_pending_at_its_timeout() {
     assert!(env.row(id).await.delivered);
 }
 
+/// A drain that dead-lettered a row says so apart from the rows it delivered, names the row
+/// with its error and the command that lists and retries dead rows, and exits 3 (a deploy gate
+/// must not read it as delivered); `--allow-dead` exits 0. Rows dead before it started are not
+/// its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_reports_dead_rows_apart_and_exits_3_unless_allowed() {
+    let env = Env::start().await;
+    let old = env.insert(serde_json::json!({"writes": "old"})).await;
+    env.db
+        .connect()
+        .await
+        .execute("UPDATE fga_outbox SET failed_at = now() WHERE id = $1", &[&old])
+        .await
+        .unwrap();
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let out = env.command(&["drain", "--timeout", "20s"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("delivered 1, dead 1, still pending 0"),
+        "{stdout}"
+    );
+    let reason = env.row(dead).await.last_error.unwrap();
+    assert!(
+        stdout.contains(&format!("dead row {dead}: {reason}")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(&format!("dead row {old}:")), "{stdout}");
+    assert!(stdout.contains("fga-relay retry --dead"), "{stdout}");
+    assert!(stderr.contains("1 row(s) dead-lettered"), "{stderr}");
+
+    env.insert(writes(&[tk("user:bob", "viewer", "document:1")]))
+        .await;
+    env.insert(serde_json::json!({"writes": "nope"})).await;
+    let out = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("delivered 1, dead 1, still pending 0"),
+        "{stdout}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_retry_and_prune() {
     let env = Env::start().await;
@@ -273,7 +322,7 @@ async fn status_retry_and_prune() {
         .await;
     let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
     assert_success(
-        &env.command(&["drain", "--timeout", "20s"])
+        &env.command(&["drain", "--timeout", "20s", "--allow-dead"])
             .output()
             .unwrap(),
         "drain",
