@@ -67,6 +67,15 @@ pub struct DeadRow {
     pub last_error: Option<String>,
 }
 
+/// A dead row as `retry --dry-run` reads it.
+#[derive(Debug, Clone)]
+pub struct DeadPayload {
+    pub id: i64,
+    /// The payload's JSON text, or why it could not be read.
+    pub payload: Result<String, String>,
+    pub last_error: Option<String>,
+}
+
 /// Which dead rows [`Store::dead_newest`] lists.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeadFilter {
@@ -337,22 +346,26 @@ impl Store {
     }
 
     /// Dead rows (all, or those of `ids`; of every store, or of `store`: see
-    /// [`crate::payload::store_filter`]), in id order, with their payloads as text.
+    /// [`crate::payload::store_filter`]), in id order, with their payloads as text and the
+    /// error that killed each.
     pub async fn dead_rows(
         &self,
         ids: Option<&[i64]>,
         store: Option<&str>,
-    ) -> Result<Vec<(i64, Result<String, String>)>, StoreError> {
+    ) -> Result<Vec<DeadPayload>, StoreError> {
         let client = self.pool.get().await?;
         let rows = client.query(&self.q.dead_rows, &[&ids, &store]).await?;
         Ok(rows
             .iter()
             .map(|r| {
-                let id: i64 = r.try_get(0)?;
-                let text = r
+                let payload = r
                     .try_get::<_, String>(1)
                     .map_err(|e| format!("the payload cannot be read: {e}"));
-                Ok((id, text))
+                Ok(DeadPayload {
+                    id: r.try_get(0)?,
+                    payload,
+                    last_error: r.try_get(2)?,
+                })
             })
             .collect::<Result<_, tokio_postgres::Error>>()?)
     }

@@ -18,7 +18,7 @@ pub struct Prune {
     #[command(flatten)]
     db: DbArgs,
     /// E.g. 30d, 12h.
-    #[arg(long)]
+    #[arg(long, value_name = "DURATION")]
     older_than: String,
     /// Only rows of this store: the store id the rows name, or `none` for the rows that name
     /// no store (they go to the relay's configured store).

@@ -1,6 +1,7 @@
 //! `fga-relay status`: pending, dead and delivered counts, the oldest pending row's age, what
 //! the statistics say of the table's vacuuming, and pending and dead rows per store (all of them
-//! in `--json`, the few with the most pending rows in text).
+//! in `--json`, the few with the most pending rows in text), and the newest dead rows with the
+//! error that killed each and the commands that list and retry them.
 
 use super::failure::Failure;
 use crate::output;
@@ -14,9 +15,10 @@ pub struct Status {
     #[command(flatten)]
     db: DbArgs,
     /// Print JSON: {"pending","dead","delivered","oldest_pending_age_seconds",
-    /// "dead_row_versions","last_vacuum_age_seconds","stores"} (the vacuum figures null when
-    /// unknown; "stores": every store with rows not delivered, [{"store_id","pending","dead"}],
-    /// the most pending first, "store_id" null for rows naming none).
+    /// "dead_row_versions","last_vacuum_age_seconds","stores","newest_dead"} (the vacuum figures
+    /// null when unknown; "stores": every store with rows not delivered,
+    /// [{"store_id","pending","dead"}], the most pending first, "store_id" null for rows naming
+    /// none; "newest_dead": the five most recently dead rows, [{"id","last_error"}]).
     #[arg(long)]
     json: bool,
 }
@@ -24,11 +26,16 @@ pub struct Status {
 /// Stores the text output lists (the most pending rows first); `--json` lists every one.
 const TEXT_STORES: usize = 5;
 
+/// Dead rows shown, the most recently dead first: enough to see what is wrong; `retry --dead
+/// --dry-run` lists them all.
+const DEAD_SHOWN: i64 = 5;
+
 #[derive(serde::Serialize)]
 struct Report {
     #[serde(flatten)]
     counts: crate::store::StatusCounts,
     stores: Vec<crate::store::StoreCounts>,
+    newest_dead: Vec<crate::store::DeadRow>,
 }
 
 impl Status {
@@ -36,8 +43,17 @@ impl Status {
         let store = open_store(&self.db.settings()?, "fga-relay status").await?;
         let s = store.status().await?;
         let stores = store.status_stores().await?;
+        let newest_dead = if s.dead > 0 {
+            store.dead_newest(Default::default(), DEAD_SHOWN).await?
+        } else {
+            Vec::new()
+        };
         if self.json {
-            let report = Report { counts: s, stores };
+            let report = Report {
+                counts: s,
+                stores,
+                newest_dead,
+            };
             output::line(format_args!(
                 "{}",
                 serde_json::to_string(&report).expect("status always serialises")
@@ -45,6 +61,20 @@ impl Status {
         } else {
             output::line(format_args!("pending    {}", s.pending));
             output::line(format_args!("dead       {}", s.dead));
+            if !newest_dead.is_empty() {
+                output::line("  the newest dead rows, with the error that killed each:");
+                for row in &newest_dead {
+                    output::line(format_args!(
+                        "    row {}: {}",
+                        row.id,
+                        row.last_error.as_deref().unwrap_or("(no error recorded)")
+                    ));
+                }
+                output::line(
+                    "  list them all, with what a retry would replay: fga-relay retry --dead \
+                     --dry-run; send them back to pending: fga-relay retry --dead (or ID...)",
+                );
+            }
             output::line(format_args!("delivered  {}", s.delivered));
             match s.oldest_pending_age_seconds {
                 Some(age) => output::line(format_args!("oldest pending row: {age:.1}s old")),

@@ -500,3 +500,173 @@ async fn every_command_ends_quietly_when_its_reader_goes_away() {
         );
     }
 }
+
+/// `status` shows the newest dead rows with the error that killed each, and the commands that
+/// list and retry them; `retry --dead --dry-run` shows every dead row's error, whatever the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_retry_dry_run_show_why_rows_are_dead() {
+    let env = Env::start().await;
+    let malformed = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let rejected = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    // A well-formed row OpenFGA refused, as the relay records it.
+    env.db
+        .connect()
+        .await
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'OpenFGA refused it: test' \
+             WHERE id = $1",
+            &[&rejected],
+        )
+        .await
+        .unwrap();
+    let out = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .output()
+        .unwrap();
+    assert_success(&out, "drain");
+    let malformed_reason = env.row(malformed).await.last_error.unwrap();
+
+    let out = env.command(&["status"]).output().unwrap();
+    assert_success(&out, "status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("dead       2"), "{text}");
+    assert!(
+        text.contains(&format!("row {malformed}: {malformed_reason}"))
+            && text.contains(&format!("row {rejected}: OpenFGA refused it: test")),
+        "{text}"
+    );
+    assert!(
+        text.contains("fga-relay retry --dead --dry-run")
+            && text.contains("fga-relay retry --dead (or ID...)"),
+        "{text}"
+    );
+    let out = env.command(&["status", "--json"]).output().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<i64> = doc["newest_dead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{doc}");
+    assert!(ids.contains(&malformed) && ids.contains(&rejected), "{doc}");
+
+    let out = env
+        .command(&["retry", "--dead", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_success(&out, "retry --dry-run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("row {malformed}: dead: {malformed_reason}"))
+            && text.contains(&format!("row {rejected}: dead: OpenFGA refused it: test")),
+        "{text}"
+    );
+}
+
+/// `retry` says why it left each id it was given as it is: no such row, delivered, pending, or
+/// dead but of another store than `--store`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_says_why_it_left_a_row_as_it_is() {
+    let env = Env::start().await;
+    let delivered = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let out = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .output()
+        .unwrap();
+    assert_success(&out, "drain");
+    let pending = env
+        .insert(writes(&[tk("user:bob", "viewer", "document:1")]))
+        .await;
+    let missing = pending + 1000;
+    let ids = [missing, delivered, pending].map(|i| i.to_string());
+    for dry_run in [true, false] {
+        let mut args = vec!["retry"];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        args.extend(ids.iter().map(String::as_str));
+        let out = env.command(&args).output().unwrap();
+        assert_success(&out, "retry");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for expected in [
+            format!("row {missing}: no such row; left as it is"),
+            format!("row {delivered}: delivered, not dead; left as it is"),
+            format!("row {pending}: pending, not dead"),
+        ] {
+            assert!(text.contains(&expected), "dry run {dry_run}: {text}");
+        }
+        assert!(!text.contains("of that store"), "{text}");
+    }
+    let other_store = env.fga.store_id().to_owned();
+    let out = env
+        .command(&["retry", "--store", &other_store, &dead.to_string()])
+        .output()
+        .unwrap();
+    assert_success(&out, "retry --store");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "row {dead}: dead, but of no store (the relay's configured one), not of --store \
+             {other_store}"
+        )),
+        "{text}"
+    );
+    assert!(env.row(dead).await.dead);
+}
+
+/// Usage lines show what a command takes, not the flags the environment happened to give as if
+/// they were required: `retry` shows `--dead` and its ids, `check --storeid` shows no
+/// `--store-id`.
+#[test]
+fn usage_lines_show_what_a_command_takes() {
+    let env = [
+        ("DATABASE_URL", "host=/nowhere"),
+        ("FGA_STORE_ID", "01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+        ("FGA_API_URL", "http://localhost:1"),
+    ];
+    let usage = |args: &[&str]| -> String {
+        let out = crate::common::relay::command(std::path::Path::new(BIN), args)
+            .envs(env)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        stderr
+            .split("Usage: ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{args:?}: no usage in {stderr}"))
+            .split("\n\n")
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let retry = usage(&["retry"]);
+    assert!(
+        retry.contains("fga-relay retry [OPTIONS] --dead") && retry.contains("<ID>..."),
+        "{retry}"
+    );
+    assert_eq!(usage(&["check", "--storeid", "x"]), "fga-relay check [OPTIONS]");
+    for cmd in [
+        "migrate",
+        "check",
+        "sql",
+        "run",
+        "drain",
+        "status",
+        "retry",
+        "prune",
+        "reconcile",
+    ] {
+        let line = usage(&[cmd, "--no-such-flag"]);
+        assert!(line.starts_with(&format!("fga-relay {cmd} [OPTIONS]")), "{line}");
+        for given in ["--database-url", "--store-id", "--api-url"] {
+            assert!(!line.contains(given), "{cmd}: {line}");
+        }
+    }
+}
