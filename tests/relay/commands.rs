@@ -670,3 +670,62 @@ fn usage_lines_show_what_a_command_takes() {
         }
     }
 }
+
+/// `migrate` says what it created or changed: every part on an empty database, the parts an
+/// upgrade applies, a trigger put back, the columns an adopted table lacked; and that nothing
+/// was left to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_says_what_it_created_or_changed() {
+    let db = TestDb::start();
+    let migrate = || {
+        let out = crate::common::relay::command(std::path::Path::new(BIN), &["migrate"])
+            .env("DATABASE_URL", db.url())
+            .output()
+            .unwrap();
+        assert_success(&out, "migrate");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = migrate();
+    assert!(
+        out.contains("created table fga_outbox with every part of the schema (0001_outbox, ")
+            && out.contains("0009_store_index)"),
+        "{out}"
+    );
+    let current = migrate();
+    assert!(
+        current.contains("schema is current (version 9): nothing to change"),
+        "{current}"
+    );
+    let admin = db.connect().await;
+    admin
+        .batch_execute(
+            "DROP TRIGGER fga_outbox_notify ON fga_outbox; \
+             CREATE OR REPLACE FUNCTION fga_outbox_schema_version() RETURNS integer \
+             LANGUAGE sql AS 'SELECT 7'",
+        )
+        .await
+        .unwrap();
+    let out = migrate();
+    assert!(
+        out.contains("installed the trigger fga_outbox_notify")
+            && out.contains(
+                "upgraded the schema from version 7 to 9: applied 0008_retried, 0009_store_index"
+            ),
+        "{out}"
+    );
+    // A table the application made before it heard of the relay.
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE fga_outbox, fga_outbox_leader CASCADE; \
+             DROP FUNCTION fga_outbox_schema_version(); {APP_DDL}"
+        ))
+        .await
+        .unwrap();
+    let out = migrate();
+    assert!(
+        out.contains("added the missing columns of fga_outbox")
+            && out.contains("recorded schema version 9"),
+        "{out}"
+    );
+    assert!(migrate().contains("nothing to change"));
+}
