@@ -14,10 +14,11 @@ pub struct FgaArgs {
     /// shown).
     #[arg(long, env = "FGA_API_URL", default_value = DEFAULT_API_URL, hide_env_values = true)]
     pub api_url: String,
-    /// The store to write to.
+    /// The configured store: where the rows naming no store go (for `reconcile`, the store they
+    /// are compared with).
     #[arg(long, env = "FGA_STORE_ID")]
     pub store_id: Option<String>,
-    /// The store to write to, by name (resolved through ListStores), instead of --store-id.
+    /// The configured store by name (resolved through ListStores), instead of --store-id.
     #[arg(long, env = "FGA_STORE_NAME")]
     pub store_name: Option<String>,
     /// The authorization model (default: the store's latest).

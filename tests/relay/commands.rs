@@ -729,3 +729,53 @@ async fn migrate_says_what_it_created_or_changed() {
     );
     assert!(migrate().contains("nothing to change"));
 }
+
+/// Every flag `--help` shows, of every command, is in docs/configuration.md.
+#[test]
+fn every_flag_of_every_command_is_in_the_configuration_doc() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+    )
+    .unwrap();
+    let flag_end = |c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    let documented = |flag: &str| {
+        doc.match_indices(flag)
+            .any(|(i, _)| doc[i + flag.len()..].starts_with(flag_end))
+    };
+    let mut missing = Vec::new();
+    for cmd in [
+        "migrate",
+        "check",
+        "sql",
+        "run",
+        "drain",
+        "status",
+        "retry",
+        "prune",
+        "reconcile",
+    ] {
+        let out = crate::common::relay::command(std::path::Path::new(BIN), &[cmd, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for line in help.lines() {
+            let Some(flag) = line
+                .trim_start()
+                .split([',', ' '])
+                .find(|w| w.starts_with("--"))
+            else {
+                continue;
+            };
+            if ["--help", "--version"].contains(&flag) || !line.trim_start().starts_with('-') {
+                continue;
+            }
+            if !documented(flag) {
+                missing.push(format!("{cmd} {flag}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in docs/configuration.md: {missing:?}"
+    );
+}
