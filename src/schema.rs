@@ -166,7 +166,9 @@ pub enum Change {
     CreateLeaderTable,
     InstallTrigger,
     /// A schema an older fga-relay made, with this version recorded: the later parts are new.
-    Upgrade { from: i32 },
+    Upgrade {
+        from: i32,
+    },
     /// No version recorded (a schema older than the record, or a table adopted): every part is
     /// applied where what it makes is missing.
     RecordVersion,
@@ -235,9 +237,7 @@ pub async fn changes(client: &Client, table: &TableName) -> Result<Vec<Change>, 
             table_exists = false;
             changes.push(Change::CreateTable);
         }
-        Err(SchemaProblem::MissingColumn { column, .. }) => {
-            changes.push(Change::AddColumn(column))
-        }
+        Err(SchemaProblem::MissingColumn { column, .. }) => changes.push(Change::AddColumn(column)),
         Err(SchemaProblem::MissingLeaderTable(_)) => changes.push(Change::CreateLeaderTable),
     }
     match recorded_version(client, table).await? {

@@ -6,10 +6,10 @@
 //! settings. It changes nothing (the model check's Write is one OpenFGA refuses).
 
 use super::failure::Failure;
-use crate::output;
 use crate::config::ConfigError;
 use crate::db::probe::{Probe, not_a_transaction_pooler, pending_relations, privileges};
 use crate::openfga::FgaClient;
+use crate::output;
 use crate::schema::{self, SchemaProblem};
 use crate::settings::{RunArgs, RunSettings};
 use clap::Args;
@@ -54,7 +54,13 @@ impl Check {
             let client = FgaClient::new(&settings.fga)?;
             Ok((settings, pg, client))
         });
-        let (RunSettings { db, fga, http_addr, .. }, pg, client) = match opened {
+        let (
+            RunSettings {
+                db, fga, http_addr, ..
+            },
+            pg,
+            client,
+        ) = match opened {
             Ok(o) => o,
             Err(ConfigError { setting, problem }) => {
                 output::line(format_args!("FAIL  settings: {setting}: {problem}"));

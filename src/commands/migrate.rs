@@ -31,7 +31,10 @@ impl Migrate {
             drop(client);
             let _ = driver.await;
             if changes.is_empty() {
-                output::line(format_args!("schema is current (version {})", schema::VERSION));
+                output::line(format_args!(
+                    "schema is current (version {})",
+                    schema::VERSION
+                ));
                 return Ok(ExitCode::SUCCESS);
             }
             output::line("migrate would:");

@@ -1,9 +1,9 @@
 //! `fga-relay prune`: deletes delivered rows older than a duration, in small batches.
 
 use super::failure::Failure;
-use crate::output;
 use super::open::open_store;
 use crate::config::{self, ConfigError};
+use crate::output;
 use crate::payload::store_filter;
 use crate::settings::DbArgs;
 use clap::Args;

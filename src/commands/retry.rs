@@ -10,9 +10,9 @@
 //! the rows delivered in between.
 
 use super::failure::Failure;
-use crate::output;
 use super::open::open_store;
 use crate::config::ConfigError;
+use crate::output;
 use crate::payload::{Op, Payload, TupleKey, store_filter};
 use crate::settings::DbArgs;
 use crate::store::{RowState, Store};
@@ -127,9 +127,7 @@ async fn left_alone(
             let why = match states.iter().find(|(s, _)| s == id).map(|(_, s)| s) {
                 None => "no such row".to_owned(),
                 Some(RowState::Delivered) => "delivered, not dead".to_owned(),
-                Some(RowState::Pending) => {
-                    "pending, not dead (the relay delivers it)".to_owned()
-                }
+                Some(RowState::Pending) => "pending, not dead (the relay delivers it)".to_owned(),
                 Some(RowState::Dead(named)) => {
                     let named = named.as_deref().unwrap_or("");
                     match only {

@@ -4,8 +4,8 @@
 //! error that killed each and the commands that list and retry them.
 
 use super::failure::Failure;
-use crate::output;
 use super::open::open_store;
+use crate::output;
 use crate::settings::DbArgs;
 use clap::Args;
 use std::process::ExitCode;
@@ -87,16 +87,24 @@ impl Status {
             let vacuumed = s
                 .last_vacuum_age_seconds
                 .map_or_else(|| "never".to_owned(), |age| format!("{age:.0}s ago"));
-            output::line(format_args!("old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})"));
+            output::line(format_args!(
+                "old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})"
+            ));
             // Only rows naming no store: the one store there is, nothing to add.
             if stores.iter().any(|c| c.store_id.is_some()) {
-                output::line(format_args!("by store ({} with rows not delivered):", stores.len()));
+                output::line(format_args!(
+                    "by store ({} with rows not delivered):",
+                    stores.len()
+                ));
                 for c in stores.iter().take(TEXT_STORES) {
                     let id = c
                         .store_id
                         .as_deref()
                         .unwrap_or("(none named: configured store)");
-                    output::line(format_args!("  {id}  pending {}, dead {}", c.pending, c.dead));
+                    output::line(format_args!(
+                        "  {id}  pending {}, dead {}",
+                        c.pending, c.dead
+                    ));
                 }
                 if stores.len() > TEXT_STORES {
                     output::line(format_args!(

@@ -1,8 +1,8 @@
 //! The report on stdout: text lines, or one JSON document, written as findings come.
 
 use super::compare::{Finding, Kind, Summary, describe_condition};
-use serde_json::{Value, json};
 use crate::output::Stdout;
+use serde_json::{Value, json};
 use std::io::{BufWriter, IsTerminal, Write};
 
 impl Summary {

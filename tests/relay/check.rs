@@ -94,7 +94,11 @@ async fn check_refuses_what_run_refuses_and_tries_the_http_address() {
     ] {
         let run = env.command(&["run"]).env(var, value).output().unwrap();
         let stderr = String::from_utf8_lossy(&run.stderr);
-        assert_eq!(run.status.code(), Some(2), "run with {var}={value}:\n{stderr}");
+        assert_eq!(
+            run.status.code(),
+            Some(2),
+            "run with {var}={value}:\n{stderr}"
+        );
         assert!(stderr.contains(var), "{stderr}");
         let (code, out) = check(&env, &[(var, value)]);
         assert_eq!(code, Some(2), "check with {var}={value}:\n{out}");
@@ -106,7 +110,13 @@ async fn check_refuses_what_run_refuses_and_tries_the_http_address() {
 
     // `run`'s flags, and an address that can be listened on.
     let out = env
-        .command(&["check", "--http-addr", "127.0.0.1:0", "--liveness-timeout", "5m"])
+        .command(&[
+            "check",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--liveness-timeout",
+            "5m",
+        ])
         .output()
         .unwrap();
     let stdout = stdout_of(&out);
@@ -121,7 +131,11 @@ async fn check_refuses_what_run_refuses_and_tries_the_http_address() {
     let (verdict, rest) = line(&out, "http");
     assert_eq!(verdict, "FAIL", "{out}");
     assert!(rest.contains(&addr), "{out}");
-    assert_eq!(line(&out, "postgres").0, "ok", "the other checks go on:\n{out}");
+    assert_eq!(
+        line(&out, "postgres").0,
+        "ok",
+        "the other checks go on:\n{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

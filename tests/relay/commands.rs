@@ -276,13 +276,19 @@ async fn drain_reports_dead_rows_apart_and_exits_3_unless_allowed() {
     env.db
         .connect()
         .await
-        .execute("UPDATE fga_outbox SET failed_at = now() WHERE id = $1", &[&old])
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now() WHERE id = $1",
+            &[&old],
+        )
         .await
         .unwrap();
     env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
         .await;
     let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
-    let out = env.command(&["drain", "--timeout", "20s"]).output().unwrap();
+    let out = env
+        .command(&["drain", "--timeout", "20s"])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
@@ -490,10 +496,7 @@ async fn every_command_ends_quietly_when_its_reader_goes_away() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         let what = format!("`fga-relay {}` ({}):\n{stderr}", args.join(" "), out.status);
-        assert!(
-            matches!(out.status.code(), Some(0 | 141)),
-            "{what}"
-        );
+        assert!(matches!(out.status.code(), Some(0 | 141)), "{what}");
         assert!(
             !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
             "{what}"
@@ -651,7 +654,10 @@ fn usage_lines_show_what_a_command_takes() {
         retry.contains("fga-relay retry [OPTIONS] --dead") && retry.contains("<ID>..."),
         "{retry}"
     );
-    assert_eq!(usage(&["check", "--storeid", "x"]), "fga-relay check [OPTIONS]");
+    assert_eq!(
+        usage(&["check", "--storeid", "x"]),
+        "fga-relay check [OPTIONS]"
+    );
     for cmd in [
         "migrate",
         "check",
@@ -664,7 +670,10 @@ fn usage_lines_show_what_a_command_takes() {
         "reconcile",
     ] {
         let line = usage(&[cmd, "--no-such-flag"]);
-        assert!(line.starts_with(&format!("fga-relay {cmd} [OPTIONS]")), "{line}");
+        assert!(
+            line.starts_with(&format!("fga-relay {cmd} [OPTIONS]")),
+            "{line}"
+        );
         for given in ["--database-url", "--store-id", "--api-url"] {
             assert!(!line.contains(given), "{cmd}: {line}");
         }

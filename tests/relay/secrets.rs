@@ -126,6 +126,9 @@ async fn userinfo_in_the_token_issuer_reaches_no_log_line_and_no_last_error() {
     server.abort();
 }
 
+/// Variables given to a command: name, value.
+type Vars = Vec<(&'static str, String)>;
+
 /// Every command's output (stdout and stderr, at `RUST_LOG=trace`), `--help` included (clap
 /// shows the environment's values there), with a secret in each setting that can hold one: none
 /// shows it. Each setting is given alone on top of the test's, with a pending row for `drain`
@@ -140,9 +143,12 @@ async fn no_command_shows_a_secret_of_any_setting() {
         .local_addr()
         .unwrap();
     let addr = env.fga.addr();
-    let db_uri = env.db.uri().replacen("postgres@", "postgres:dbSecretUri@", 1);
+    let db_uri = env
+        .db
+        .uri()
+        .replacen("postgres@", "postgres:dbSecretUri@", 1);
     // (the settings, the secrets in them)
-    let settings: Vec<(Vec<(&str, String)>, Vec<&str>)> = vec![
+    let settings: Vec<(Vars, Vec<&str>)> = vec![
         (
             vec![(
                 "DATABASE_URL",
@@ -189,7 +195,15 @@ async fn no_command_shows_a_secret_of_any_setting() {
         vec!["migrate", "--check"],
         vec!["prune", "--older-than", "1h"],
     ];
-    let helps = ["check", "run", "drain", "status", "retry", "reconcile", "sql"];
+    let helps = [
+        "check",
+        "run",
+        "drain",
+        "status",
+        "retry",
+        "reconcile",
+        "sql",
+    ];
     let mut seen = 0;
     for (vars, secrets) in &settings {
         // Dead again (the `retry` before sent it back, and a drain may have dead-lettered it),
