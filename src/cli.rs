@@ -33,8 +33,11 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    // Each usage is written out: clap's own, in its errors, shows the flags the environment
+    // gave (DATABASE_URL, FGA_STORE_ID) as if they were required.
     /// Create the outbox schema or upgrade it, keeping every row (idempotent).
     #[command(
+        override_usage = "fga-relay migrate [OPTIONS]",
         after_help = "Examples:\n  fga-relay migrate\n  fga-relay migrate --check   # exit 1 when it would change something\n  DATABASE_URL=postgres://owner@db/app fga-relay migrate --table fga_outbox"
     )]
     Migrate(commands::Migrate),
@@ -43,16 +46,19 @@ pub enum Command {
     /// (credentials, store, model) without starting: one line each; exit 0 all pass, 1 one
     /// fails, 2 bad settings.
     #[command(
+        override_usage = "fga-relay check [OPTIONS]",
         after_help = "Examples:\n  fga-relay check\n  DATABASE_URL=postgres://relay@db/app FGA_STORE_ID=01J... fga-relay check"
     )]
     Check(commands::Check),
     /// Print the schema SQL, for your own migration tool.
     #[command(
+        override_usage = "fga-relay sql [OPTIONS]",
         after_help = "Examples:\n  fga-relay sql > migrations/0042_fga_outbox.sql\n  fga-relay sql --roles"
     )]
     Sql(commands::Sql),
     /// Run the relay: LISTEN, deliver, sweep, serve /healthz and /metrics, until SIGTERM/SIGINT.
     #[command(
+        override_usage = "fga-relay run [OPTIONS]",
         after_help = "Examples:\n  DATABASE_URL=postgres://relay@db/app FGA_API_URL=http://openfga:8080 FGA_STORE_ID=01J... fga-relay run\n  PGHOST=db PGUSER=relay PGDATABASE=app FGA_STORE_NAME=prod fga-relay run --http-addr 0.0.0.0:9464"
     )]
     Run(commands::Run),
@@ -60,22 +66,30 @@ pub enum Command {
     /// delivered, 1 when some are still pending at the timeout, 3 when some were dead-lettered
     /// (0 with --allow-dead).
     #[command(
+        override_usage = "fga-relay drain [OPTIONS]",
         after_help = "Examples:\n  fga-relay drain --timeout 5m\n  fga-relay drain --allow-dead   # a gate that lets dead rows through"
     )]
     Drain(commands::Drain),
     /// Pending, dead and delivered counts, and the age of the oldest pending row.
-    #[command(after_help = "Examples:\n  fga-relay status\n  fga-relay status --json")]
+    #[command(
+        after_help = "Examples:\n  fga-relay status\n  fga-relay status --json",
+        override_usage = "fga-relay status [OPTIONS]"
+    )]
     Status(commands::Status),
     /// Send dead rows back to pending.
     #[command(after_help = "Examples:\n  fga-relay retry 1042 1043\n  fga-relay retry --dead")]
     Retry(commands::Retry),
     /// Delete delivered rows older than a duration, in small batches. Never touches pending or
     /// dead rows.
-    #[command(after_help = "Examples:\n  fga-relay prune --older-than 90d")]
+    #[command(
+        after_help = "Examples:\n  fga-relay prune --older-than 90d",
+        override_usage = "fga-relay prune [OPTIONS] --older-than <DURATION>"
+    )]
     Prune(commands::Prune),
     /// Compare what the delivered rows say OpenFGA must hold with what it holds: exit 0 in
     /// step, 1 on drift, 2 on error. --repair enqueues the corrections.
     #[command(
+        override_usage = "fga-relay reconcile [OPTIONS]",
         after_help = "Examples:\n  fga-relay reconcile --since 1h\n  fga-relay reconcile --json\n  fga-relay reconcile --repair"
     )]
     Reconcile(commands::Reconcile),
