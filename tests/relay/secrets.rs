@@ -147,6 +147,23 @@ async fn no_command_shows_a_secret_of_any_setting() {
         .db
         .uri()
         .replacen("postgres@", "postgres:dbSecretUri@", 1);
+    // The secrets given as files: the connection string, the preshared key, libpq's password
+    // file (private, as libpq wants it).
+    let dir = std::env::temp_dir().join(format!("fga-relay-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        path.display().to_string()
+    };
+    let url_file = file(
+        "database-url",
+        &format!("{} password=dbSecretFile\n", env.db.url()),
+    );
+    let token_file = file("fga-api-token", "apiSecretTokenFile\n");
+    let pgpass = file("pgpass", "*:*:*:*:dbSecretPgpass\n");
     // (the settings, the secrets in them)
     let settings: Vec<(Vars, Vec<&str>)> = vec![
         (
@@ -160,6 +177,19 @@ async fn no_command_shows_a_secret_of_any_setting() {
         (
             vec![("PGPASSWORD", "dbSecretEnv".to_owned())],
             vec!["dbSecretEnv"],
+        ),
+        // An empty value is unset: the file is then the only source.
+        (
+            vec![
+                ("DATABASE_URL", String::new()),
+                ("DATABASE_URL_FILE", url_file),
+            ],
+            vec!["dbSecretFile"],
+        ),
+        (vec![("PGPASSFILE", pgpass)], vec!["dbSecretPgpass"]),
+        (
+            vec![("FGA_API_TOKEN_FILE", token_file)],
+            vec!["apiSecretTokenFile"],
         ),
         (
             vec![("FGA_API_URL", format!("http://fgauser:apiSecretUrl@{addr}"))],
@@ -240,10 +270,20 @@ async fn no_command_shows_a_secret_of_any_setting() {
                     vars.iter().map(|(k, _)| k).collect::<Vec<_>>()
                 );
             }
+            // The settings were taken, not refused before anything was shown: `status` reads
+            // the database's, `check` all of them.
+            let named = vars.iter().map(|(k, _)| k).collect::<Vec<_>>();
+            if args == ["status"] {
+                assert!(out.status.success(), "status with {named:?}:\n{all}");
+            }
+            if args == ["check"] {
+                assert_ne!(out.status.code(), Some(2), "check with {named:?}:\n{all}");
+            }
             seen += all.len();
         }
     }
     assert!(seen > 0);
+    let _ = std::fs::remove_dir_all(&dir);
     // The URL is shown where it was given, without its userinfo.
     let out = env
         .command(&["check"])
