@@ -97,6 +97,11 @@ fn can_listen(addr: Option<std::net::SocketAddr>) -> Probe {
     };
     match std::net::TcpListener::bind(addr) {
         Ok(_) => Ok(format!("{addr} can be listened on")),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(format!(
+            "cannot listen on {addr} (--http-addr, FGA_RELAY_HTTP_ADDR): it is in use, by a \
+             relay already running here perhaps; a second `run` beside it needs another \
+             address, or off"
+        )),
         Err(e) => Err(format!(
             "cannot listen on {addr} (--http-addr, FGA_RELAY_HTTP_ADDR): {e}"
         )),
