@@ -76,6 +76,15 @@ pub struct DeadPayload {
     pub last_error: Option<String>,
 }
 
+/// Dead rows of one kind of failure, as `status` counts them (`dead_reasons.sql`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeadReason {
+    /// The error's words before its first colon.
+    pub reason: String,
+    pub rows: i64,
+    pub newest_id: i64,
+}
+
 /// Which dead rows [`Store::dead_newest`] lists.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeadFilter {
@@ -126,6 +135,7 @@ struct Queries {
     drain_start: String,
     drain_outcome: String,
     dead_newest: String,
+    dead_reasons: String,
     row_states: String,
 }
 
@@ -162,6 +172,7 @@ impl Store {
             drain_start: r(include_str!("../sql/queries/drain_start.sql")),
             drain_outcome: r(include_str!("../sql/queries/drain_outcome.sql")),
             dead_newest: r(include_str!("../sql/queries/dead_newest.sql")),
+            dead_reasons: r(include_str!("../sql/queries/dead_reasons.sql")),
             row_states: r(include_str!("../sql/queries/row_states.sql")),
         };
         Store {
@@ -499,6 +510,23 @@ impl Store {
                 Ok(DeadRow {
                     id: r.try_get(0)?,
                     last_error: r.try_get(1)?,
+                })
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()?)
+    }
+
+    /// Dead rows by kind of failure, the most rows first, at most `limit` kinds
+    /// (`dead_reasons.sql`).
+    pub async fn dead_reasons(&self, limit: i64) -> Result<Vec<DeadReason>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client.query(&self.q.dead_reasons, &[&limit]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                Ok(DeadReason {
+                    reason: r.try_get(0)?,
+                    rows: r.try_get(1)?,
+                    newest_id: r.try_get(2)?,
                 })
             })
             .collect::<Result<_, tokio_postgres::Error>>()?)

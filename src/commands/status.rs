@@ -18,13 +18,18 @@ pub struct Status {
     /// "dead_row_versions","last_vacuum_age_seconds","stores","newest_dead"} (the vacuum figures
     /// null when unknown; "stores": every store with rows not delivered,
     /// [{"store_id","pending","dead"}], the most pending first, "store_id" null for rows naming
-    /// none; "newest_dead": the five most recently dead rows, [{"id","last_error"}]).
+    /// none; "dead_by_reason": dead rows by the error's words before its first colon, the ten
+    /// most common, [{"reason","rows","newest_id"}]; "newest_dead": the five most recently dead
+    /// rows, [{"id","last_error"}]).
     #[arg(long)]
     json: bool,
 }
 
 /// Stores the text output lists (the most pending rows first); `--json` lists every one.
 const TEXT_STORES: usize = 5;
+
+/// Kinds of failure shown, the most rows first.
+const DEAD_REASONS: i64 = 10;
 
 /// Dead rows shown, the most recently dead first: enough to see what is wrong; `retry --dead
 /// --dry-run` lists them all.
@@ -35,6 +40,7 @@ struct Report {
     #[serde(flatten)]
     counts: crate::store::StatusCounts,
     stores: Vec<crate::store::StoreCounts>,
+    dead_by_reason: Vec<crate::store::DeadReason>,
     newest_dead: Vec<crate::store::DeadRow>,
 }
 
@@ -43,15 +49,19 @@ impl Status {
         let store = open_store(&self.db.settings()?, "fga-relay status").await?;
         let s = store.status().await?;
         let stores = store.status_stores().await?;
-        let newest_dead = if s.dead > 0 {
-            store.dead_newest(Default::default(), DEAD_SHOWN).await?
+        let (dead_by_reason, newest_dead) = if s.dead > 0 {
+            (
+                store.dead_reasons(DEAD_REASONS).await?,
+                store.dead_newest(Default::default(), DEAD_SHOWN).await?,
+            )
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         if self.json {
             let report = Report {
                 counts: s,
                 stores,
+                dead_by_reason,
                 newest_dead,
             };
             output::line(format_args!(
@@ -61,6 +71,15 @@ impl Status {
         } else {
             output::line(format_args!("pending    {}", s.pending));
             output::line(format_args!("dead       {}", s.dead));
+            if !dead_by_reason.is_empty() {
+                output::line("  by reason (the error's first words):");
+                for r in &dead_by_reason {
+                    output::line(format_args!(
+                        "    {:>6}  {} (newest: row {})",
+                        r.rows, r.reason, r.newest_id
+                    ));
+                }
+            }
             if !newest_dead.is_empty() {
                 output::line("  the newest dead rows, with the error that killed each:");
                 for row in &newest_dead {

@@ -545,6 +545,13 @@ async fn status_and_retry_dry_run_show_why_rows_are_dead() {
             && text.contains("fga-relay retry --dead (or ID...)"),
         "{text}"
     );
+    for kind in ["malformed payload", "OpenFGA refused it"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("1  ") && l.contains(kind)),
+            "{kind} counted by reason:\n{text}"
+        );
+    }
     let out = env.command(&["status", "--json"]).output().unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ids: Vec<i64> = doc["newest_dead"]
@@ -554,6 +561,7 @@ async fn status_and_retry_dry_run_show_why_rows_are_dead() {
         .map(|r| r["id"].as_i64().unwrap())
         .collect();
     assert_eq!(ids.len(), 2, "{doc}");
+    assert_eq!(doc["dead_by_reason"].as_array().unwrap().len(), 2, "{doc}");
     assert!(ids.contains(&malformed) && ids.contains(&rejected), "{doc}");
 
     let out = env
