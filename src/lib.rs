@@ -40,6 +40,7 @@
 //! - [`systemd`]: readiness and watchdog under `Type=notify`; [`liveness`]: whether the main
 //!   loop makes progress (`/livez`, and what feeds the watchdog).
 //! - [`reload`]: what a SIGHUP rereads (the settings' files).
+//! - [`output`]: what commands print on stdout, ending quietly when the reader goes away.
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares; [`build_info`]:
 //!   the version and git revision (found by `build.rs`).
 
@@ -58,6 +59,7 @@ pub mod listener;
 pub mod liveness;
 pub mod metrics;
 pub mod openfga;
+pub mod output;
 pub mod pass_log;
 pub mod payload;
 pub mod process_metrics;

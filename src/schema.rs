@@ -150,23 +150,134 @@ pub async fn pending_changes(
     client: &Client,
     table: &TableName,
 ) -> Result<Vec<String>, SchemaProblem> {
-    let mut changes = Vec::new();
-    match check(client, table).await {
-        Ok(info) if !info.trigger => {
-            changes.push(format!("install the trigger {table}_notify"));
+    Ok(changes(client, table)
+        .await?
+        .iter()
+        .map(|c| c.would(table))
+        .collect())
+}
+
+/// One thing `migrate` would change, or did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// No table: every part is applied.
+    CreateTable,
+    AddColumn(String),
+    CreateLeaderTable,
+    InstallTrigger,
+    /// A schema an older fga-relay made, with this version recorded: the later parts are new.
+    Upgrade {
+        from: i32,
+    },
+    /// No version recorded (a schema older than the record, or a table adopted): every part is
+    /// applied where what it makes is missing.
+    RecordVersion,
+}
+
+impl Change {
+    /// What `migrate` would do, for `migrate --check` and `check`.
+    pub fn would(&self, table: &TableName) -> String {
+        match self {
+            Change::CreateTable => format!("table {table} does not exist"),
+            Change::AddColumn(column) => format!("table {table} has no column {column}"),
+            Change::CreateLeaderTable => format!("table {table}_leader does not exist"),
+            Change::InstallTrigger => format!("install the trigger {table}_notify"),
+            Change::Upgrade { from } => {
+                format!("upgrade the schema from version {from} to {VERSION}")
+            }
+            Change::RecordVersion => {
+                format!("record schema version {VERSION} (none is recorded)")
+            }
         }
+    }
+
+    /// What `migrate` did, once it has.
+    pub fn did(&self, table: &TableName) -> String {
+        match self {
+            Change::CreateTable => format!(
+                "created table {table} with every part of the schema ({})",
+                part_names(0)
+            ),
+            Change::AddColumn(column) => {
+                format!("added the missing columns of {table} ({column} among them)")
+            }
+            Change::CreateLeaderTable => format!("created table {table}_leader"),
+            Change::InstallTrigger => format!("installed the trigger {table}_notify"),
+            Change::Upgrade { from } => format!(
+                "upgraded the schema from version {from} to {VERSION}: applied {}",
+                part_names(*from)
+            ),
+            Change::RecordVersion => format!(
+                "recorded schema version {VERSION} (none was recorded: every part was applied \
+                 where what it makes was missing, keeping the table's rows)"
+            ),
+        }
+    }
+}
+
+/// The names of the parts after the first `done`, without `.sql`.
+fn part_names(done: i32) -> String {
+    FILES
+        .iter()
+        .skip(done.max(0) as usize)
+        .map(|(name, _)| name.trim_end_matches(".sql"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What `migrate` would change; empty when the schema is current. As [`pending_changes`].
+pub async fn changes(client: &Client, table: &TableName) -> Result<Vec<Change>, SchemaProblem> {
+    let mut changes = Vec::new();
+    let mut table_exists = true;
+    match check(client, table).await {
+        Ok(info) if !info.trigger => changes.push(Change::InstallTrigger),
         Ok(_) => {}
         Err(e @ (SchemaProblem::Db(_) | SchemaProblem::ColumnType { .. })) => return Err(e),
-        Err(other) => changes.push(other.to_string().replace(": run `fga-relay migrate`", "")),
+        Err(SchemaProblem::MissingTable(_)) => {
+            table_exists = false;
+            changes.push(Change::CreateTable);
+        }
+        Err(SchemaProblem::MissingColumn { column, .. }) => changes.push(Change::AddColumn(column)),
+        Err(SchemaProblem::MissingLeaderTable(_)) => changes.push(Change::CreateLeaderTable),
     }
     match recorded_version(client, table).await? {
         Some(v) if v >= VERSION => {}
-        Some(v) => changes.push(format!("upgrade the schema from version {v} to {VERSION}")),
-        None => changes.push(format!(
-            "record schema version {VERSION} (none is recorded)"
-        )),
+        Some(v) => changes.push(Change::Upgrade { from: v }),
+        // Creating the table records the version: one change says both.
+        None if !table_exists => {}
+        None => changes.push(Change::RecordVersion),
     }
     Ok(changes)
+}
+
+/// [`migrate`], saying what it changed: [`changes`] looked at under the lock `migrate` takes
+/// (held for the session meanwhile; `migrate`'s own is then granted at once), so that of two
+/// concurrent runs the first says what it did and the second that nothing was left to do. A
+/// column of the wrong type is left for [`check`] to report after `migrate`, as before.
+pub async fn migrate_saying(
+    client: &mut Client,
+    table: &TableName,
+) -> Result<Vec<Change>, SchemaProblem> {
+    let lock = "SELECT pg_advisory_lock($1, hashtext($2))";
+    client
+        .execute(lock, &[&MIGRATE_LOCK_CLASS, &table.as_str()])
+        .await?;
+    let done = async {
+        let found = match changes(client, table).await {
+            Ok(found) => found,
+            Err(SchemaProblem::ColumnType { .. }) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        migrate(client, table).await?;
+        Ok(found)
+    }
+    .await;
+    let unlock = "SELECT pg_advisory_unlock($1, hashtext($2))";
+    // Ended with the session anyway: the command ends after this.
+    let _ = client
+        .execute(unlock, &[&MIGRATE_LOCK_CLASS, &table.as_str()])
+        .await;
+    done
 }
 
 /// What is missing from the database for the relay to run.

@@ -45,6 +45,64 @@ pub struct StoreCounts {
     pub dead: i64,
 }
 
+/// The rows pending when `drain` started: their ids' range (none pending: `None`) and when.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainStart {
+    pub ids: Option<(i64, i64)>,
+    pub at: SystemTime,
+}
+
+/// What became of the rows pending when `drain` started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainOutcome {
+    pub delivered: i64,
+    pub dead: i64,
+    pub pending: i64,
+}
+
+/// A dead row and the error that killed it, as `status` and `drain` show them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeadRow {
+    pub id: i64,
+    pub last_error: Option<String>,
+}
+
+/// A dead row as `retry --dry-run` reads it.
+#[derive(Debug, Clone)]
+pub struct DeadPayload {
+    pub id: i64,
+    /// The payload's JSON text, or why it could not be read.
+    pub payload: Result<String, String>,
+    pub last_error: Option<String>,
+}
+
+/// Dead rows of one kind of failure, as `status` counts them (`dead_reasons.sql`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeadReason {
+    /// The error's words before its first colon.
+    pub reason: String,
+    pub rows: i64,
+    pub newest_id: i64,
+}
+
+/// Which dead rows [`Store::dead_newest`] lists.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeadFilter {
+    /// Dead since then.
+    pub since: Option<SystemTime>,
+    /// Of ids in this range.
+    pub ids: Option<(i64, i64)>,
+}
+
+/// What a row is, for `retry` to say why it left one as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowState {
+    Pending,
+    Delivered,
+    /// Dead, naming this store (`None`: none).
+    Dead(Option<String>),
+}
+
 /// What the metrics endpoint measures at each scrape.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PendingCounts {
@@ -75,6 +133,11 @@ struct Queries {
     record_skipped: String,
     dead_rows: String,
     status_stores: String,
+    drain_start: String,
+    drain_outcome: String,
+    dead_newest: String,
+    dead_reasons: String,
+    row_states: String,
 }
 
 /// The outbox, through the pool.
@@ -108,6 +171,11 @@ impl Store {
             record_skipped: r(include_str!("../sql/queries/record_skipped.sql")),
             dead_rows: r(include_str!("../sql/queries/dead_rows.sql")),
             status_stores: r(include_str!("../sql/queries/status_stores.sql")),
+            drain_start: r(include_str!("../sql/queries/drain_start.sql")),
+            drain_outcome: r(include_str!("../sql/queries/drain_outcome.sql")),
+            dead_newest: r(include_str!("../sql/queries/dead_newest.sql")),
+            dead_reasons: r(include_str!("../sql/queries/dead_reasons.sql")),
+            row_states: r(include_str!("../sql/queries/row_states.sql")),
         };
         Store {
             pool,
@@ -315,22 +383,26 @@ impl Store {
     }
 
     /// Dead rows (all, or those of `ids`; of every store, or of `store`: see
-    /// [`crate::payload::store_filter`]), in id order, with their payloads as text.
+    /// [`crate::payload::store_filter`]), in id order, with their payloads as text and the
+    /// error that killed each.
     pub async fn dead_rows(
         &self,
         ids: Option<&[i64]>,
         store: Option<&str>,
-    ) -> Result<Vec<(i64, Result<String, String>)>, StoreError> {
+    ) -> Result<Vec<DeadPayload>, StoreError> {
         let client = self.pool.get().await?;
         let rows = client.query(&self.q.dead_rows, &[&ids, &store]).await?;
         Ok(rows
             .iter()
             .map(|r| {
-                let id: i64 = r.try_get(0)?;
-                let text = r
+                let payload = r
                     .try_get::<_, String>(1)
                     .map_err(|e| format!("the payload cannot be read: {e}"));
-                Ok((id, text))
+                Ok(DeadPayload {
+                    id: r.try_get(0)?,
+                    payload,
+                    last_error: r.try_get(2)?,
+                })
             })
             .collect::<Result<_, tokio_postgres::Error>>()?)
     }
@@ -416,6 +488,91 @@ impl Store {
                     pending: r.try_get(1)?,
                     dead: r.try_get(2)?,
                 })
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()?)
+    }
+
+    /// The rows pending now, for `drain`'s report (`drain_start.sql`).
+    pub async fn drain_start(&self) -> Result<DrainStart, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client.query_one(&self.q.drain_start, &[]).await?;
+        let (lo, hi): (Option<i64>, Option<i64>) = (row.try_get(0)?, row.try_get(1)?);
+        Ok(DrainStart {
+            ids: lo.zip(hi),
+            at: row.try_get(2)?,
+        })
+    }
+
+    /// What became of the rows pending at `start` (`drain_outcome.sql`).
+    pub async fn drain_outcome(&self, start: &DrainStart) -> Result<DrainOutcome, StoreError> {
+        let Some((lo, hi)) = start.ids else {
+            return Ok(DrainOutcome::default());
+        };
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(&self.q.drain_outcome, &[&lo, &hi, &start.at])
+            .await?;
+        Ok(DrainOutcome {
+            delivered: row.try_get(0)?,
+            dead: row.try_get(1)?,
+            pending: row.try_get(2)?,
+        })
+    }
+
+    /// The `limit` most recently dead rows that `filter` takes (`dead_newest.sql`).
+    pub async fn dead_newest(
+        &self,
+        filter: DeadFilter,
+        limit: i64,
+    ) -> Result<Vec<DeadRow>, StoreError> {
+        let client = self.pool.get().await?;
+        let (lo, hi) = filter.ids.unzip();
+        let rows = client
+            .query(&self.q.dead_newest, &[&filter.since, &lo, &hi, &limit])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                Ok(DeadRow {
+                    id: r.try_get(0)?,
+                    last_error: r.try_get(1)?,
+                })
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()?)
+    }
+
+    /// Dead rows by kind of failure, the most rows first, at most `limit` kinds
+    /// (`dead_reasons.sql`).
+    pub async fn dead_reasons(&self, limit: i64) -> Result<Vec<DeadReason>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client.query(&self.q.dead_reasons, &[&limit]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                Ok(DeadReason {
+                    reason: r.try_get(0)?,
+                    rows: r.try_get(1)?,
+                    newest_id: r.try_get(2)?,
+                })
+            })
+            .collect::<Result<_, tokio_postgres::Error>>()?)
+    }
+
+    /// What each of `ids` is (`row_states.sql`); an id that is no row is not in the answer.
+    pub async fn row_states(&self, ids: &[i64]) -> Result<Vec<(i64, RowState)>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client.query(&self.q.row_states, &[&ids]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let state = if r.try_get::<_, bool>(1)? {
+                    RowState::Delivered
+                } else if r.try_get::<_, bool>(2)? {
+                    RowState::Dead(r.try_get(3)?)
+                } else {
+                    RowState::Pending
+                };
+                Ok((r.try_get(0)?, state))
             })
             .collect::<Result<_, tokio_postgres::Error>>()?)
     }

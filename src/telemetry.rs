@@ -7,7 +7,7 @@
 //! warnings and errors. Elsewhere lines are left as they are.
 
 use crate::config::LogFormat;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 use std::sync::OnceLock;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
@@ -54,7 +54,8 @@ pub fn error_line(message: &str) {
     } else {
         ""
     };
-    eprintln!("{prefix}fga-relay: {message}");
+    // Not eprintln!, which panics when stderr is a pipe its reader closed.
+    let _ = writeln!(std::io::stderr().lock(), "{prefix}fga-relay: {message}");
 }
 
 /// Whether stderr is the stream systemd connected to the journal: `JOURNAL_STREAM` holds its

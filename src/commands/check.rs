@@ -1,5 +1,6 @@
 //! `fga-relay check`: a preflight that starts no daemon (as `nginx -t` or `promtool check`):
-//! the settings parse; PostgreSQL answers, not through a transaction pooler; the schema is
+//! `run`'s own settings (the same flags, checked by the same code) parse; the endpoint's address
+//! can be bound; PostgreSQL answers, not through a transaction pooler; the schema is
 //! current; the role has what `run` needs; OpenFGA answers and accepts the credentials; the store
 //! and the model exist. One line per check; exit 0 when all pass, 1 when one fails, 2 on bad
 //! settings. It changes nothing (the model check's Write is one OpenFGA refuses).
@@ -8,8 +9,9 @@ use super::failure::Failure;
 use crate::config::ConfigError;
 use crate::db::probe::{Probe, not_a_transaction_pooler, pending_relations, privileges};
 use crate::openfga::FgaClient;
+use crate::output;
 use crate::schema::{self, SchemaProblem};
-use crate::settings::RelayArgs;
+use crate::settings::{RunArgs, RunSettings};
 use clap::Args;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,7 +22,7 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 #[derive(Args, Debug)]
 pub struct Check {
     #[command(flatten)]
-    relay: RelayArgs,
+    run: RunArgs,
 }
 
 /// The lines printed so far, and whether one failed.
@@ -32,30 +34,36 @@ struct Report {
 impl Report {
     fn line(&mut self, name: &str, probe: Probe) {
         match probe {
-            Ok(detail) => println!("ok    {name}: {detail}"),
+            Ok(detail) => output::line(format_args!("ok    {name}: {detail}")),
             Err(problem) => {
                 self.failed = true;
-                println!("FAIL  {name}: {problem}");
+                output::line(format_args!("FAIL  {name}: {problem}"));
             }
         }
     }
 
     fn skip(&mut self, name: &str, why: &str) {
-        println!("skip  {name}: {why}");
+        output::line(format_args!("skip  {name}: {why}"));
     }
 }
 
 impl Check {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
-        let opened = self.relay.settings().and_then(|(db, fga, _)| {
-            let pg = crate::db::pg_config(&db, "fga-relay check")?;
-            let client = FgaClient::new(&fga)?;
-            Ok((db, fga, pg, client))
+        let opened = self.run.settings().and_then(|settings| {
+            let pg = crate::db::pg_config(&settings.db, "fga-relay check")?;
+            let client = FgaClient::new(&settings.fga)?;
+            Ok((settings, pg, client))
         });
-        let (db, fga, pg, client) = match opened {
+        let (
+            RunSettings {
+                db, fga, http_addr, ..
+            },
+            pg,
+            client,
+        ) = match opened {
             Ok(o) => o,
             Err(ConfigError { setting, problem }) => {
-                println!("FAIL  settings: {setting}: {problem}");
+                output::line(format_args!("FAIL  settings: {setting}: {problem}"));
                 return Ok(ExitCode::from(2));
             }
         };
@@ -66,10 +74,11 @@ impl Check {
                 "database {}, table {}, OpenFGA {}, store {}",
                 crate::db::target::summary(&db),
                 db.table,
-                fga.api_url,
+                crate::config::shown_url(&fga.api_url),
                 fga.store
             )),
         );
+        report.line("http", can_listen(http_addr));
         let pending = check_postgres(&mut report, &db.table, &pg).await;
         check_openfga(&mut report, &client, &pending).await;
         Ok(if report.failed {
@@ -77,6 +86,25 @@ impl Check {
         } else {
             ExitCode::SUCCESS
         })
+    }
+}
+
+/// Whether `run` could serve its endpoint there: bound, and let go at once. An address a relay
+/// already running holds fails, as it would fail a second `run` on this host.
+fn can_listen(addr: Option<std::net::SocketAddr>) -> Probe {
+    let Some(addr) = addr else {
+        return Ok("off: no /livez, /readyz, /healthz or /metrics".to_owned());
+    };
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => Ok(format!("{addr} can be listened on")),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(format!(
+            "cannot listen on {addr} (--http-addr, FGA_RELAY_HTTP_ADDR): it is in use, by a \
+             relay already running here perhaps; a second `run` beside it needs another \
+             address, or off"
+        )),
+        Err(e) => Err(format!(
+            "cannot listen on {addr} (--http-addr, FGA_RELAY_HTTP_ADDR): {e}"
+        )),
     }
 }
 

@@ -1,7 +1,8 @@
 //! `fga-relay migrate`: creates the outbox schema or upgrades it, keeping every row.
 
 use super::failure::Failure;
-use crate::schema;
+use crate::output;
+use crate::schema::{self, SchemaProblem};
 use crate::settings::DbArgs;
 use clap::Args;
 use std::process::ExitCode;
@@ -30,23 +31,46 @@ impl Migrate {
             drop(client);
             let _ = driver.await;
             if changes.is_empty() {
-                println!("schema is current (version {})", schema::VERSION);
+                output::line(format_args!(
+                    "schema is current (version {})",
+                    schema::VERSION
+                ));
                 return Ok(ExitCode::SUCCESS);
             }
-            println!("migrate would:");
+            output::line("migrate would:");
             for change in changes {
-                println!("  {change}");
+                output::line(format_args!("  {change}"));
             }
             return Ok(ExitCode::from(1));
         }
-        schema::migrate(&mut client, &db.table)
-            .await
-            .map_err(|e| anyhow::anyhow!("migrate failed: {}", crate::db::describe(&e)))?;
+        let done = match schema::migrate_saying(&mut client, &db.table).await {
+            Ok(done) => done,
+            Err(SchemaProblem::Db(e)) => {
+                return Err(anyhow::anyhow!("migrate failed: {}", crate::db::describe(&e)).into());
+            }
+            Err(other) => return Err(other.into()),
+        };
         // A table that was there already is kept as it is: say now if the relay cannot use it.
         schema::check(&client, &db.table).await?;
         drop(client);
         let _ = driver.await;
-        info!(table = %db.table, "schema is up to date");
+        if done.is_empty() {
+            output::line(format_args!(
+                "schema is current (version {}): nothing to change in {}",
+                schema::VERSION,
+                db.table
+            ));
+        } else {
+            output::line(format_args!(
+                "migrated {} to schema version {}:",
+                db.table,
+                schema::VERSION
+            ));
+            for change in &done {
+                output::line(format_args!("  {}", change.did(&db.table)));
+            }
+        }
+        info!(table = %db.table, changes = done.len(), "schema is up to date");
         Ok(ExitCode::SUCCESS)
     }
 }

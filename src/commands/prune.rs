@@ -3,6 +3,7 @@
 use super::failure::Failure;
 use super::open::open_store;
 use crate::config::{self, ConfigError};
+use crate::output;
 use crate::payload::store_filter;
 use crate::settings::DbArgs;
 use clap::Args;
@@ -17,7 +18,7 @@ pub struct Prune {
     #[command(flatten)]
     db: DbArgs,
     /// E.g. 30d, 12h.
-    #[arg(long)]
+    #[arg(long, value_name = "DURATION")]
     older_than: String,
     /// Only rows of this store: the store id the rows name, or `none` for the rows that name
     /// no store (they go to the relay's configured store).
@@ -53,7 +54,7 @@ impl Prune {
             }
         }
         info!(rows = total, older_than = %older_than, "pruned delivered rows");
-        println!("{total} delivered row(s) deleted");
+        output::line(format_args!("{total} delivered row(s) deleted"));
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -91,7 +91,7 @@ impl Reconcile {
             Ok(Verdict::InStep) => ExitCode::SUCCESS,
             Ok(Verdict::Drift) => ExitCode::from(1),
             Err(e) => {
-                eprintln!("fga-relay: {e:#}");
+                crate::telemetry::error_line(&format!("{e:#}"));
                 ExitCode::from(2)
             }
         })

@@ -12,22 +12,29 @@
 use super::failure::Failure;
 use super::open::open_store;
 use crate::config::ConfigError;
+use crate::output;
 use crate::payload::{Op, Payload, TupleKey, store_filter};
 use crate::settings::DbArgs;
-use crate::store::Store;
+use crate::store::{RowState, Store};
 use clap::Args;
 use std::process::ExitCode;
-use tracing::{info, warn};
+use tracing::info;
 
 #[derive(Args, Debug)]
+// Shown by clap's errors too, which otherwise show the flags the environment gave as if required.
+#[command(
+    override_usage = "fga-relay retry [OPTIONS] --dead\n       fga-relay retry [OPTIONS] <ID>...",
+    group(clap::ArgGroup::new("which").required(true).args(["dead", "ids"]))
+)]
 pub struct Retry {
     #[command(flatten)]
     db: DbArgs,
     /// Every dead row.
     #[arg(long, conflicts_with = "ids")]
     dead: bool,
-    /// Change nothing: list, for each dead row, the operations the relay would replay and those
-    /// it would skip (a later delivered row touches their tuple).
+    /// Change nothing: list, for each dead row, the error that killed it, and the operations
+    /// the relay would replay and those it would skip (a later delivered row touches their
+    /// tuple).
     #[arg(long)]
     dry_run: bool,
     /// Only rows of this store: the store id the rows name, or `none` for the rows that name
@@ -35,7 +42,7 @@ pub struct Retry {
     #[arg(long)]
     store: Option<String>,
     /// These rows (ids).
-    #[arg(required_unless_present = "dead")]
+    #[arg(value_name = "ID")]
     ids: Vec<i64>,
 }
 
@@ -57,20 +64,28 @@ impl Retry {
         let which = (!dead).then_some(ids.as_slice());
         if dry_run {
             let rows = store.dead_rows(which, only.as_deref()).await?;
-            for (id, text) in &rows {
-                for line in preview(&store, *id, text).await? {
-                    println!("{line}");
+            for row in &rows {
+                output::line(format_args!(
+                    "row {}: dead: {}",
+                    row.id,
+                    row.last_error.as_deref().unwrap_or("(no error recorded)")
+                ));
+                for line in preview(&store, row.id, &row.payload).await? {
+                    output::line(line);
                 }
             }
-            if !dead {
-                for id in ids.iter().filter(|id| !rows.iter().any(|(r, _)| r == *id)) {
-                    println!("row {id}: not a dead row (of that store), left as it is");
-                }
+            let left: Vec<i64> = ids
+                .iter()
+                .copied()
+                .filter(|id| !rows.iter().any(|r| r.id == *id))
+                .collect();
+            for line in left_alone(&store, &left, only.as_deref()).await? {
+                output::line(line);
             }
-            println!(
+            output::line(format_args!(
                 "{} dead row(s) would be sent back to pending (dry run: nothing changed)",
                 rows.len()
-            );
+            ));
             return Ok(ExitCode::SUCCESS);
         }
         let sent = store.retry(which, only.as_deref()).await?;
@@ -82,13 +97,61 @@ impl Retry {
                  are skipped when the relay reads it)"
             );
         }
-        if !dead {
-            for id in ids.iter().filter(|id| !sent.iter().any(|(s, _)| s == *id)) {
-                warn!(id, "not a dead row (of that store): left as it is");
-            }
+        let left: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !sent.iter().any(|(s, _)| s == id))
+            .collect();
+        for line in left_alone(&store, &left, only.as_deref()).await? {
+            output::line(line);
         }
-        println!("{} row(s) sent back to pending", sent.len());
+        output::line(format_args!("{} row(s) sent back to pending", sent.len()));
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Why each of `ids`, which `retry` was given and did not take, was left as it is: no such row,
+/// delivered, pending, or dead but of another store than `--store` (`only`).
+async fn left_alone(
+    store: &Store,
+    ids: &[i64],
+    only: Option<&str>,
+) -> Result<Vec<String>, Failure> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let states = store.row_states(ids).await?;
+    Ok(ids
+        .iter()
+        .map(|id| {
+            let why = match states.iter().find(|(s, _)| s == id).map(|(_, s)| s) {
+                None => "no such row".to_owned(),
+                Some(RowState::Delivered) => "delivered, not dead".to_owned(),
+                Some(RowState::Pending) => "pending, not dead (the relay delivers it)".to_owned(),
+                Some(RowState::Dead(named)) => {
+                    let named = named.as_deref().unwrap_or("");
+                    match only {
+                        Some(only) if only != named => format!(
+                            "dead, but of {}, not of --store {}",
+                            store_name(named),
+                            if only.is_empty() { "none" } else { only }
+                        ),
+                        // Dead since retry looked: another retry finds it.
+                        _ => "dead only since retry looked: run retry again".to_owned(),
+                    }
+                }
+            };
+            format!("row {id}: {why}; left as it is")
+        })
+        .collect())
+}
+
+/// A store as rows name it: "store X", or "no store" (the relay's configured one).
+fn store_name(named: &str) -> String {
+    if named.is_empty() {
+        "no store (the relay's configured one)".to_owned()
+    } else {
+        format!("store {named}")
     }
 }
 

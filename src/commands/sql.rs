@@ -1,6 +1,7 @@
 //! `fga-relay sql`: the schema SQL, or the least-privilege roles, for the user's own migration tool.
 
 use super::failure::Failure;
+use crate::output;
 use crate::schema;
 use clap::Args;
 use std::process::ExitCode;
@@ -24,9 +25,9 @@ impl Sql {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let table = crate::settings::table(self.table.as_deref())?;
         if self.roles {
-            print!("{}", schema::render(ROLES_SQL, &table));
+            output::text(schema::render(ROLES_SQL, &table));
         } else {
-            print!("{}", schema::full_sql(&table));
+            output::text(schema::full_sql(&table));
         }
         Ok(ExitCode::SUCCESS)
     }

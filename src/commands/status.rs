@@ -1,9 +1,11 @@
 //! `fga-relay status`: pending, dead and delivered counts, the oldest pending row's age, what
 //! the statistics say of the table's vacuuming, and pending and dead rows per store (all of them
-//! in `--json`, the few with the most pending rows in text).
+//! in `--json`, the few with the most pending rows in text), and the newest dead rows with the
+//! error that killed each and the commands that list and retry them.
 
 use super::failure::Failure;
 use super::open::open_store;
+use crate::output;
 use crate::settings::DbArgs;
 use clap::Args;
 use std::process::ExitCode;
@@ -13,9 +15,12 @@ pub struct Status {
     #[command(flatten)]
     db: DbArgs,
     /// Print JSON: {"pending","dead","delivered","oldest_pending_age_seconds",
-    /// "dead_row_versions","last_vacuum_age_seconds","stores"} (the vacuum figures null when
-    /// unknown; "stores": every store with rows not delivered, [{"store_id","pending","dead"}],
-    /// the most pending first, "store_id" null for rows naming none).
+    /// "dead_row_versions","last_vacuum_age_seconds","stores","newest_dead"} (the vacuum figures
+    /// null when unknown; "stores": every store with rows not delivered,
+    /// [{"store_id","pending","dead"}], the most pending first, "store_id" null for rows naming
+    /// none; "dead_by_reason": dead rows by the error's words before its first colon, the ten
+    /// most common, [{"reason","rows","newest_id"}]; "newest_dead": the five most recently dead
+    /// rows, [{"id","last_error"}]).
     #[arg(long)]
     json: bool,
 }
@@ -23,11 +28,20 @@ pub struct Status {
 /// Stores the text output lists (the most pending rows first); `--json` lists every one.
 const TEXT_STORES: usize = 5;
 
+/// Kinds of failure shown, the most rows first.
+const DEAD_REASONS: i64 = 10;
+
+/// Dead rows shown, the most recently dead first: enough to see what is wrong; `retry --dead
+/// --dry-run` lists them all.
+const DEAD_SHOWN: i64 = 5;
+
 #[derive(serde::Serialize)]
 struct Report {
     #[serde(flatten)]
     counts: crate::store::StatusCounts,
     stores: Vec<crate::store::StoreCounts>,
+    dead_by_reason: Vec<crate::store::DeadReason>,
+    newest_dead: Vec<crate::store::DeadRow>,
 }
 
 impl Status {
@@ -35,19 +49,55 @@ impl Status {
         let store = open_store(&self.db.settings()?, "fga-relay status").await?;
         let s = store.status().await?;
         let stores = store.status_stores().await?;
+        let (dead_by_reason, newest_dead) = if s.dead > 0 {
+            (
+                store.dead_reasons(DEAD_REASONS).await?,
+                store.dead_newest(Default::default(), DEAD_SHOWN).await?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         if self.json {
-            let report = Report { counts: s, stores };
-            println!(
+            let report = Report {
+                counts: s,
+                stores,
+                dead_by_reason,
+                newest_dead,
+            };
+            output::line(format_args!(
                 "{}",
                 serde_json::to_string(&report).expect("status always serialises")
-            );
+            ));
         } else {
-            println!("pending    {}", s.pending);
-            println!("dead       {}", s.dead);
-            println!("delivered  {}", s.delivered);
+            output::line(format_args!("pending    {}", s.pending));
+            output::line(format_args!("dead       {}", s.dead));
+            if !dead_by_reason.is_empty() {
+                output::line("  by reason (the error's first words):");
+                for r in &dead_by_reason {
+                    output::line(format_args!(
+                        "    {:>6}  {} (newest: row {})",
+                        r.rows, r.reason, r.newest_id
+                    ));
+                }
+            }
+            if !newest_dead.is_empty() {
+                output::line("  the newest dead rows, with the error that killed each:");
+                for row in &newest_dead {
+                    output::line(format_args!(
+                        "    row {}: {}",
+                        row.id,
+                        row.last_error.as_deref().unwrap_or("(no error recorded)")
+                    ));
+                }
+                output::line(
+                    "  list them all, with what a retry would replay: fga-relay retry --dead \
+                     --dry-run; send them back to pending: fga-relay retry --dead (or ID...)",
+                );
+            }
+            output::line(format_args!("delivered  {}", s.delivered));
             match s.oldest_pending_age_seconds {
-                Some(age) => println!("oldest pending row: {age:.1}s old"),
-                None => println!("oldest pending row: none"),
+                Some(age) => output::line(format_args!("oldest pending row: {age:.1}s old")),
+                None => output::line("oldest pending row: none"),
             }
             // What every claim walks past until VACUUM: worth a look when latency creeps up.
             let versions = s
@@ -56,22 +106,30 @@ impl Status {
             let vacuumed = s
                 .last_vacuum_age_seconds
                 .map_or_else(|| "never".to_owned(), |age| format!("{age:.0}s ago"));
-            println!("old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})");
+            output::line(format_args!(
+                "old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})"
+            ));
             // Only rows naming no store: the one store there is, nothing to add.
             if stores.iter().any(|c| c.store_id.is_some()) {
-                println!("by store ({} with rows not delivered):", stores.len());
+                output::line(format_args!(
+                    "by store ({} with rows not delivered):",
+                    stores.len()
+                ));
                 for c in stores.iter().take(TEXT_STORES) {
                     let id = c
                         .store_id
                         .as_deref()
                         .unwrap_or("(none named: configured store)");
-                    println!("  {id}  pending {}, dead {}", c.pending, c.dead);
+                    output::line(format_args!(
+                        "  {id}  pending {}, dead {}",
+                        c.pending, c.dead
+                    ));
                 }
                 if stores.len() > TEXT_STORES {
-                    println!(
+                    output::line(format_args!(
                         "  … and {} more (fga-relay status --json lists them all)",
                         stores.len() - TEXT_STORES
-                    );
+                    ));
                 }
             }
         }

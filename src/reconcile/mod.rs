@@ -59,7 +59,7 @@ pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::
     info!(
         database = %crate::db::target::summary(db),
         table = %db.table,
-        api_url = %fga.api_url,
+        api_url = %crate::config::shown_url(&fga.api_url),
         store = %fga.store,
         only_store = opts.store.as_deref().unwrap_or("(every store)"),
         since = %opts

@@ -1,8 +1,9 @@
 //! The report on stdout: text lines, or one JSON document, written as findings come.
 
 use super::compare::{Finding, Kind, Summary, describe_condition};
+use crate::output::Stdout;
 use serde_json::{Value, json};
-use std::io::{BufWriter, IsTerminal, Stdout, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 
 impl Summary {
     pub(super) fn to_json(&self) -> Value {
@@ -42,7 +43,7 @@ pub(super) struct Report {
 impl Report {
     pub(super) fn new(json: bool) -> Report {
         Report {
-            out: BufWriter::new(std::io::stdout()),
+            out: BufWriter::new(Stdout),
             json,
             first: true,
             flush_each: std::io::stdout().is_terminal(),

@@ -10,13 +10,15 @@ use std::path::PathBuf;
 /// How to reach OpenFGA.
 #[derive(Args, Debug)]
 pub struct FgaArgs {
-    /// OpenFGA's HTTP API.
-    #[arg(long, env = "FGA_API_URL", default_value = DEFAULT_API_URL)]
+    /// OpenFGA's HTTP API (userinfo, `user:password@`, is sent as Basic credentials and never
+    /// shown).
+    #[arg(long, env = "FGA_API_URL", default_value = DEFAULT_API_URL, hide_env_values = true)]
     pub api_url: String,
-    /// The store to write to.
+    /// The configured store: where the rows naming no store go (for `reconcile`, the store they
+    /// are compared with).
     #[arg(long, env = "FGA_STORE_ID")]
     pub store_id: Option<String>,
-    /// The store to write to, by name (resolved through ListStores), instead of --store-id.
+    /// The configured store by name (resolved through ListStores), instead of --store-id.
     #[arg(long, env = "FGA_STORE_NAME")]
     pub store_name: Option<String>,
     /// The authorization model (default: the store's latest).
@@ -40,7 +42,7 @@ pub struct FgaArgs {
     #[arg(long, env = "FGA_CLIENT_SECRET_FILE")]
     pub client_secret_file: Option<String>,
     /// OIDC token issuer (host or URL; the token endpoint is /oauth/token unless a path is given).
-    #[arg(long, env = "FGA_API_TOKEN_ISSUER")]
+    #[arg(long, env = "FGA_API_TOKEN_ISSUER", hide_env_values = true)]
     pub api_token_issuer: Option<String>,
     /// OIDC audience.
     #[arg(long, env = "FGA_API_AUDIENCE")]

@@ -10,6 +10,7 @@ mod delivery;
 mod fga;
 mod relay;
 mod renamed;
+mod run;
 mod secret_file;
 
 pub use db::DbArgs;
@@ -17,6 +18,7 @@ pub(crate) use db::table;
 pub use delivery::DeliveryArgs;
 pub use fga::FgaArgs;
 pub use relay::RelayArgs;
+pub use run::{RunArgs, RunSettings};
 
 /// Defaults, shown by `--help` and used when a variable is set but empty (`FGA_RELAY_SWEEP_INTERVAL=`
 /// in an env file means "the default", as it does for most tools).
@@ -31,6 +33,8 @@ const DEFAULT_BATCH_SIZE: &str = "500";
 const DEFAULT_MAX_IN_FLIGHT: &str = "16";
 const DEFAULT_LINGER: &str = "1ms";
 pub(crate) const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
+const DEFAULT_PENDING_AGE_WARN: &str = "2m";
+const DEFAULT_SUMMARY_INTERVAL: &str = "1m";
 pub(crate) const DEFAULT_LOG_FORMAT: &str = "text";
 pub(crate) const DEFAULT_TABLE: &str = "fga_outbox";
 

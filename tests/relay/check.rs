@@ -8,8 +8,9 @@ use crate::common::proxy::tcp_db;
 use crate::common::relay::{Env, assert_success, tk, writes};
 use std::process::Output;
 
-const CHECKS: [&str; 8] = [
+const CHECKS: [&str; 9] = [
     "settings",
+    "http",
     "postgres",
     "pooler",
     "schema",
@@ -46,7 +47,7 @@ fn line<'a>(stdout: &'a str, name: &str) -> (&'a str, &'a str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_passes_all_eight_with_exit_0_and_changes_nothing() {
+async fn check_passes_all_nine_with_exit_0_and_changes_nothing() {
     let env = Env::start().await;
     let (code, out) = check(&env, &[]);
     assert_eq!(code, Some(0), "{out}");
@@ -77,6 +78,64 @@ async fn bad_settings_exit_2_with_one_line() {
     let (verdict, rest) = line(&stdout, "settings");
     assert_eq!(verdict, "FAIL");
     assert!(rest.contains("FGA_STORE_ID"), "{stdout}");
+}
+
+/// `check` reads `run`'s own settings, checked by the same code: what `run` refuses (exit 2),
+/// `check` refuses, naming the setting; it takes `run`'s flags; and it says whether `run` could
+/// listen on the endpoint's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_what_run_refuses_and_tries_the_http_address() {
+    let env = Env::start().await;
+    for (var, value) in [
+        ("FGA_RELAY_HTTP_ADDR", "bogus"),
+        ("FGA_RELAY_LIVENESS_TIMEOUT", "1s"),
+        ("FGA_RELAY_PENDING_AGE_WARN", "xyz"),
+        ("FGA_RELAY_SUMMARY_INTERVAL", "0s"),
+    ] {
+        let run = env.command(&["run"]).env(var, value).output().unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(
+            run.status.code(),
+            Some(2),
+            "run with {var}={value}:\n{stderr}"
+        );
+        assert!(stderr.contains(var), "{stderr}");
+        let (code, out) = check(&env, &[(var, value)]);
+        assert_eq!(code, Some(2), "check with {var}={value}:\n{out}");
+        assert_eq!(out.lines().count(), 1, "{out}");
+        let (verdict, rest) = line(&out, "settings");
+        assert_eq!(verdict, "FAIL", "{out}");
+        assert!(rest.contains(var), "{out}");
+    }
+
+    // `run`'s flags, and an address that can be listened on.
+    let out = env
+        .command(&[
+            "check",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--liveness-timeout",
+            "5m",
+        ])
+        .output()
+        .unwrap();
+    let stdout = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_eq!(line(&stdout, "http").0, "ok", "{stdout}");
+
+    // An address something already listens on: `run` could not serve there.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, out) = check(&env, &[("FGA_RELAY_HTTP_ADDR", &addr)]);
+    assert_eq!(code, Some(1), "{out}");
+    let (verdict, rest) = line(&out, "http");
+    assert_eq!(verdict, "FAIL", "{out}");
+    assert!(rest.contains(&addr), "{out}");
+    assert_eq!(
+        line(&out, "postgres").0,
+        "ok",
+        "the other checks go on:\n{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -265,6 +265,61 @@ async fn drain_exits_1_when_rows_are_still_pending_at_its_timeout() {
     assert!(env.row(id).await.delivered);
 }
 
+/// A drain that dead-lettered a row says so apart from the rows it delivered, names the row
+/// with its error and the command that lists and retries dead rows, and exits 3 (a deploy gate
+/// must not read it as delivered); `--allow-dead` exits 0. Rows dead before it started are not
+/// its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_reports_dead_rows_apart_and_exits_3_unless_allowed() {
+    let env = Env::start().await;
+    let old = env.insert(serde_json::json!({"writes": "old"})).await;
+    env.db
+        .connect()
+        .await
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now() WHERE id = $1",
+            &[&old],
+        )
+        .await
+        .unwrap();
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let out = env
+        .command(&["drain", "--timeout", "20s"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("delivered 1, dead 1, still pending 0"),
+        "{stdout}"
+    );
+    let reason = env.row(dead).await.last_error.unwrap();
+    assert!(
+        stdout.contains(&format!("dead row {dead}: {reason}")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(&format!("dead row {old}:")), "{stdout}");
+    assert!(stdout.contains("fga-relay retry --dead"), "{stdout}");
+    assert!(stderr.contains("1 row(s) dead-lettered"), "{stderr}");
+
+    env.insert(writes(&[tk("user:bob", "viewer", "document:1")]))
+        .await;
+    env.insert(serde_json::json!({"writes": "nope"})).await;
+    let out = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("delivered 1, dead 1, still pending 0"),
+        "{stdout}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_retry_and_prune() {
     let env = Env::start().await;
@@ -273,7 +328,7 @@ async fn status_retry_and_prune() {
         .await;
     let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
     assert_success(
-        &env.command(&["drain", "--timeout", "20s"])
+        &env.command(&["drain", "--timeout", "20s", "--allow-dead"])
             .output()
             .unwrap(),
         "drain",
@@ -400,4 +455,344 @@ fn every_command_helps_with_an_example_and_possible_values() {
         );
     }
     assert!(help(&["reconcile", "--help"]).contains("[possible values: auto, store,"));
+}
+
+/// A reader that goes away (`fga-relay check | head -1`) ends every command quietly, as SIGPIPE
+/// ends `cat`: status 141 (or 0 where clap prints), never a panic. stdout is a real pipe whose
+/// reading end is closed before the command starts, so that its first write finds it closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_ends_quietly_when_its_reader_goes_away() {
+    let env = Env::start().await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let dead = dead.to_string();
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["check"],
+        vec!["sql"],
+        vec!["sql", "--roles"],
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["drain", "--timeout", "20s"],
+        vec!["retry", "--dead", "--dry-run"],
+        vec!["retry", &dead],
+        vec!["reconcile"],
+        vec!["reconcile", "--json"],
+        vec!["migrate", "--check"],
+        vec!["migrate"],
+        vec!["prune", "--older-than", "1h"],
+        vec!["--help"],
+        vec!["run", "--help"],
+        vec!["--version"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = env
+            .command(&args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let what = format!("`fga-relay {}` ({}):\n{stderr}", args.join(" "), out.status);
+        assert!(matches!(out.status.code(), Some(0 | 141)), "{what}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "{what}"
+        );
+    }
+}
+
+/// `status` shows the newest dead rows with the error that killed each, and the commands that
+/// list and retry them; `retry --dead --dry-run` shows every dead row's error, whatever the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_retry_dry_run_show_why_rows_are_dead() {
+    let env = Env::start().await;
+    let malformed = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let rejected = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    // A well-formed row OpenFGA refused, as the relay records it.
+    env.db
+        .connect()
+        .await
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'OpenFGA refused it: test' \
+             WHERE id = $1",
+            &[&rejected],
+        )
+        .await
+        .unwrap();
+    let out = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .output()
+        .unwrap();
+    assert_success(&out, "drain");
+    let malformed_reason = env.row(malformed).await.last_error.unwrap();
+
+    let out = env.command(&["status"]).output().unwrap();
+    assert_success(&out, "status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("dead       2"), "{text}");
+    assert!(
+        text.contains(&format!("row {malformed}: {malformed_reason}"))
+            && text.contains(&format!("row {rejected}: OpenFGA refused it: test")),
+        "{text}"
+    );
+    assert!(
+        text.contains("fga-relay retry --dead --dry-run")
+            && text.contains("fga-relay retry --dead (or ID...)"),
+        "{text}"
+    );
+    for kind in ["malformed payload", "OpenFGA refused it"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("1  ") && l.contains(kind)),
+            "{kind} counted by reason:\n{text}"
+        );
+    }
+    let out = env.command(&["status", "--json"]).output().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<i64> = doc["newest_dead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{doc}");
+    assert_eq!(doc["dead_by_reason"].as_array().unwrap().len(), 2, "{doc}");
+    assert!(ids.contains(&malformed) && ids.contains(&rejected), "{doc}");
+
+    let out = env
+        .command(&["retry", "--dead", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_success(&out, "retry --dry-run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("row {malformed}: dead: {malformed_reason}"))
+            && text.contains(&format!("row {rejected}: dead: OpenFGA refused it: test")),
+        "{text}"
+    );
+}
+
+/// `retry` says why it left each id it was given as it is: no such row, delivered, pending, or
+/// dead but of another store than `--store`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_says_why_it_left_a_row_as_it_is() {
+    let env = Env::start().await;
+    let delivered = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    let out = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .output()
+        .unwrap();
+    assert_success(&out, "drain");
+    let pending = env
+        .insert(writes(&[tk("user:bob", "viewer", "document:1")]))
+        .await;
+    let missing = pending + 1000;
+    let ids = [missing, delivered, pending].map(|i| i.to_string());
+    for dry_run in [true, false] {
+        let mut args = vec!["retry"];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        args.extend(ids.iter().map(String::as_str));
+        let out = env.command(&args).output().unwrap();
+        assert_success(&out, "retry");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for expected in [
+            format!("row {missing}: no such row; left as it is"),
+            format!("row {delivered}: delivered, not dead; left as it is"),
+            format!("row {pending}: pending, not dead"),
+        ] {
+            assert!(text.contains(&expected), "dry run {dry_run}: {text}");
+        }
+        assert!(!text.contains("of that store"), "{text}");
+    }
+    let other_store = env.fga.store_id().to_owned();
+    let out = env
+        .command(&["retry", "--store", &other_store, &dead.to_string()])
+        .output()
+        .unwrap();
+    assert_success(&out, "retry --store");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "row {dead}: dead, but of no store (the relay's configured one), not of --store \
+             {other_store}"
+        )),
+        "{text}"
+    );
+    assert!(env.row(dead).await.dead);
+}
+
+/// Usage lines show what a command takes, not the flags the environment happened to give as if
+/// they were required: `retry` shows `--dead` and its ids, `check --storeid` shows no
+/// `--store-id`.
+#[test]
+fn usage_lines_show_what_a_command_takes() {
+    let env = [
+        ("DATABASE_URL", "host=/nowhere"),
+        ("FGA_STORE_ID", "01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+        ("FGA_API_URL", "http://localhost:1"),
+    ];
+    let usage = |args: &[&str]| -> String {
+        let out = crate::common::relay::command(std::path::Path::new(BIN), args)
+            .envs(env)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        stderr
+            .split("Usage: ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{args:?}: no usage in {stderr}"))
+            .split("\n\n")
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let retry = usage(&["retry"]);
+    assert!(
+        retry.contains("fga-relay retry [OPTIONS] --dead") && retry.contains("<ID>..."),
+        "{retry}"
+    );
+    assert_eq!(
+        usage(&["check", "--storeid", "x"]),
+        "fga-relay check [OPTIONS]"
+    );
+    for cmd in [
+        "migrate",
+        "check",
+        "sql",
+        "run",
+        "drain",
+        "status",
+        "retry",
+        "prune",
+        "reconcile",
+    ] {
+        let line = usage(&[cmd, "--no-such-flag"]);
+        assert!(
+            line.starts_with(&format!("fga-relay {cmd} [OPTIONS]")),
+            "{line}"
+        );
+        for given in ["--database-url", "--store-id", "--api-url"] {
+            assert!(!line.contains(given), "{cmd}: {line}");
+        }
+    }
+}
+
+/// `migrate` says what it created or changed: every part on an empty database, the parts an
+/// upgrade applies, a trigger put back, the columns an adopted table lacked; and that nothing
+/// was left to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_says_what_it_created_or_changed() {
+    let db = TestDb::start();
+    let migrate = || {
+        let out = crate::common::relay::command(std::path::Path::new(BIN), &["migrate"])
+            .env("DATABASE_URL", db.url())
+            .output()
+            .unwrap();
+        assert_success(&out, "migrate");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = migrate();
+    assert!(
+        out.contains("created table fga_outbox with every part of the schema (0001_outbox, ")
+            && out.contains("0009_store_index)"),
+        "{out}"
+    );
+    let current = migrate();
+    assert!(
+        current.contains("schema is current (version 9): nothing to change"),
+        "{current}"
+    );
+    let admin = db.connect().await;
+    admin
+        .batch_execute(
+            "DROP TRIGGER fga_outbox_notify ON fga_outbox; \
+             CREATE OR REPLACE FUNCTION fga_outbox_schema_version() RETURNS integer \
+             LANGUAGE sql AS 'SELECT 7'",
+        )
+        .await
+        .unwrap();
+    let out = migrate();
+    assert!(
+        out.contains("installed the trigger fga_outbox_notify")
+            && out.contains(
+                "upgraded the schema from version 7 to 9: applied 0008_retried, 0009_store_index"
+            ),
+        "{out}"
+    );
+    // A table the application made before it heard of the relay.
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE fga_outbox, fga_outbox_leader CASCADE; \
+             DROP FUNCTION fga_outbox_schema_version(); {APP_DDL}"
+        ))
+        .await
+        .unwrap();
+    let out = migrate();
+    assert!(
+        out.contains("added the missing columns of fga_outbox")
+            && out.contains("recorded schema version 9"),
+        "{out}"
+    );
+    assert!(migrate().contains("nothing to change"));
+}
+
+/// Every flag `--help` shows, of every command, is in docs/configuration.md.
+#[test]
+fn every_flag_of_every_command_is_in_the_configuration_doc() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md"),
+    )
+    .unwrap();
+    let flag_end = |c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    let documented = |flag: &str| {
+        doc.match_indices(flag)
+            .any(|(i, _)| doc[i + flag.len()..].starts_with(flag_end))
+    };
+    let mut missing = Vec::new();
+    for cmd in [
+        "migrate",
+        "check",
+        "sql",
+        "run",
+        "drain",
+        "status",
+        "retry",
+        "prune",
+        "reconcile",
+    ] {
+        let out = crate::common::relay::command(std::path::Path::new(BIN), &[cmd, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for line in help.lines() {
+            let Some(flag) = line
+                .trim_start()
+                .split([',', ' '])
+                .find(|w| w.starts_with("--"))
+            else {
+                continue;
+            };
+            if ["--help", "--version"].contains(&flag) || !line.trim_start().starts_with('-') {
+                continue;
+            }
+            if !documented(flag) {
+                missing.push(format!("{cmd} {flag}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in docs/configuration.md: {missing:?}"
+    );
 }
