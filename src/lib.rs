@@ -40,6 +40,7 @@
 //! - [`systemd`]: readiness and watchdog under `Type=notify`; [`liveness`]: whether the main
 //!   loop makes progress (`/livez`, and what feeds the watchdog).
 //! - [`reload`]: what a SIGHUP rereads (the settings' files).
+//! - [`recurring`]: how often a problem that lasts is said again (once a minute).
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares; [`build_info`]:
 //!   the version and git revision (found by `build.rs`).
 
@@ -62,6 +63,7 @@ pub mod pass_log;
 pub mod payload;
 pub mod process_metrics;
 pub mod reconcile;
+pub mod recurring;
 pub mod relay;
 pub mod reload;
 pub mod schema;

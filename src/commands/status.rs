@@ -3,7 +3,7 @@
 //! in `--json`, the few with the most pending rows in text).
 
 use super::failure::Failure;
-use super::open::open_store;
+use super::open::{open_store, store_failure};
 use crate::settings::DbArgs;
 use clap::Args;
 use std::process::ExitCode;
@@ -33,8 +33,11 @@ struct Report {
 impl Status {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let store = open_store(&self.db.settings()?, "fga-relay status").await?;
-        let s = store.status().await?;
-        let stores = store.status_stores().await?;
+        let counted = async { Ok((store.status().await?, store.status_stores().await?)) };
+        let (s, stores) = match counted.await {
+            Ok(counts) => counts,
+            Err(e) => return Err(store_failure(&store, e).await),
+        };
         if self.json {
             let report = Report { counts: s, stores };
             println!(

@@ -1047,16 +1047,20 @@ fn roles_sql_is_printed_for_the_table() {
 async fn roles_sql_through_psql_stops_at_its_first_error_and_runs_again_where_the_roles_exist() {
     let db = TestDb::start_with(PgOptions::default());
     let admin = db.connect().await;
-    for sql in ["CREATE ROLE app_owner LOGIN", "CREATE DATABASE app OWNER app_owner"] {
+    for sql in [
+        "CREATE ROLE app_owner LOGIN",
+        "CREATE DATABASE app OWNER app_owner",
+    ] {
         admin.batch_execute(sql).await.unwrap();
     }
     let app_url = db.url().replace("dbname=postgres", "dbname=app");
     let owner_url = app_url.replace("user=postgres", "user=app_owner");
     let relay = |url: &str, args: &[&str]| {
-        let out = crate::common::relay::command(std::path::Path::new(crate::common::relay::BIN), args)
-            .env("DATABASE_URL", url)
-            .output()
-            .unwrap();
+        let out =
+            crate::common::relay::command(std::path::Path::new(crate::common::relay::BIN), args)
+                .env("DATABASE_URL", url)
+                .output()
+                .unwrap();
         assert_success(&out, &format!("fga-relay {args:?}"));
         out.stdout
     };
@@ -1108,8 +1112,14 @@ async fn roles_sql_through_psql_stops_at_its_first_error_and_runs_again_where_th
     for run in ["first", "second"] {
         let out = psql(&owner_url);
         let err = stderr_of(&out);
-        assert_success(&out, &format!("roles.sql as the owner without CREATEROLE ({run} run)"));
-        assert!(!err.contains("ERROR") && !err.contains("WARNING"), "{run} run:\n{err}");
+        assert_success(
+            &out,
+            &format!("roles.sql as the owner without CREATEROLE ({run} run)"),
+        );
+        assert!(
+            !err.contains("ERROR") && !err.contains("WARNING"),
+            "{run} run:\n{err}"
+        );
     }
     let after = state().await;
     assert_ne!(before, after, "the owner's run granted on its table");

@@ -132,9 +132,7 @@ async fn sighup_rereads_database_url_file_for_new_connections() {
 /// (libpq's defaults would find no server).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_with_an_empty_secret_file_keeps_what_is_in_use() {
-    let fga = Fga::builder()
-        .accept_bearer(|t| t == "first-T0ken")
-        .start();
+    let fga = Fga::builder().accept_bearer(|t| t == "first-T0ken").start();
     let (env, port) = password_checked(fga).await;
     let url = format!(
         "postgresql://relay:{}@127.0.0.1:{port}/postgres",
@@ -162,7 +160,10 @@ async fn sighup_with_an_empty_secret_file_keeps_what_is_in_use() {
         .lines()
         .find(|l| l.contains("SIGHUP: cannot reread"))
         .unwrap();
-    assert!(line.contains("ERROR") && line.contains("is empty"), "{line}");
+    assert!(
+        line.contains("ERROR") && line.contains("is empty"),
+        "{line}"
+    );
     // New connections from here on: they must still go where the file said before.
     env.db
         .connect()

@@ -1,0 +1,138 @@
+//! Messages that name the cause: what does not heal by itself while the relay retries (a missing
+//! grant, a refused password, no database configured) is said at ERROR with the next step, once
+//! while it recurs (said again a minute later at most), and the relay keeps retrying.
+
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, RelayProc, tk, wait_until, writes};
+use crate::libpq::{PASSWORD, password_checked};
+
+/// The log's lines at ERROR that contain `needle`.
+fn errors_with<'a>(logs: &'a str, needle: &str) -> Vec<&'a str> {
+    logs.lines()
+        .filter(|l| l.contains(" ERROR ") && l.contains(needle))
+        .collect()
+}
+
+/// `run` as a role without the grants: an ERROR naming what the role lacks and the GRANT that
+/// gives it, as `check` says it, once however often it retries, and not the misleading "LISTEN
+/// connection lost"; once granted, it delivers. `status` says the database's error once, with the
+/// same hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_the_grants_is_told_the_grant_once_and_the_relay_retries() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute("CREATE ROLE ungranted LOGIN")
+        .await
+        .unwrap();
+    let url = env.db.url().replace("user=postgres", "user=ungranted");
+    const GRANT: &str = "GRANT fga_outbox_relay TO ungranted";
+
+    let out = env
+        .command(&["status"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("permission denied").count(), 1, "{err}");
+    assert!(err.contains(GRANT) && err.contains("sql --roles"), "{err}");
+
+    let relay = env.spawn_relay(&[("DATABASE_URL", &url)]);
+    // It retries: each retry is a new LISTEN connection, said at debug.
+    relay.wait_for_log_count("LISTEN connection up", 1).await;
+    relay
+        .wait_for_log_count("LISTEN connection reconnected", 3)
+        .await;
+    let logs = relay.logs();
+    let said = errors_with(&logs, "cannot ask for leadership");
+    assert_eq!(said.len(), 1, "said once, not at every retry:\n{logs}");
+    assert!(
+        said[0].contains("SELECT, INSERT, UPDATE on fga_outbox_leader") && said[0].contains(GRANT),
+        "{}",
+        said[0]
+    );
+    assert!(
+        !logs.contains("LISTEN connection lost soon after it opened"),
+        "{logs}"
+    );
+
+    let roles = env.command(&["sql", "--roles"]).output().unwrap();
+    admin
+        .batch_execute(&String::from_utf8(roles.stdout).unwrap())
+        .await
+        .unwrap();
+    admin.batch_execute(GRANT).await.unwrap();
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(id).await;
+}
+
+/// A wrong password: an ERROR naming the role (never the password, never the connection
+/// string), once however often it retries; the relay keeps retrying, and starts once the
+/// password is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_password_is_an_error_naming_the_role_and_the_relay_retries() {
+    let (env, port) = password_checked(crate::common::fga::Fga::start()).await;
+    const WRONG: &str = "wr0ng-Secret";
+    let url = format!("postgresql://relay:{WRONG}@127.0.0.1:{port}/postgres");
+    let mut c = env.command(&["run"]);
+    c.env("DATABASE_URL", &url);
+    let relay = RelayProc::spawn(c);
+    // Three attempts, each refused.
+    relay
+        .wait_for_log_count("password authentication failed", 3)
+        .await;
+    let logs = relay.logs();
+    let said = errors_with(&logs, "does not let the role relay in");
+    assert_eq!(said.len(), 1, "said once, not at every retry:\n{logs}");
+    assert!(said[0].contains("28P01"), "{}", said[0]);
+    assert!(
+        !logs.contains(WRONG) && !logs.contains(PASSWORD) && !logs.contains("postgresql://"),
+        "{logs}"
+    );
+
+    env.db
+        .connect()
+        .await
+        .batch_execute(&format!("ALTER ROLE relay PASSWORD '{WRONG}'"))
+        .await
+        .unwrap();
+    wait_until(
+        PROMPTLY * 2,
+        "the relay leads with the password",
+        || async { relay.logs().contains("delivering (leader)") },
+    )
+    .await;
+}
+
+/// With no `DATABASE_URL`, no `PG*` variable and no server at libpq's default sockets: the
+/// command says that no database is configured, and which sockets it tried.
+#[test]
+fn no_database_configured_is_said_with_the_sockets_tried() {
+    const SOCKETS: [&str; 2] = ["/var/run/postgresql/.s.PGSQL.5432", "/tmp/.s.PGSQL.5432"];
+    for socket in SOCKETS {
+        assert!(
+            !std::path::Path::new(socket).exists(),
+            "a PostgreSQL of this machine listens at {socket}: this test needs libpq's default \
+             sockets free"
+        );
+    }
+    for command in [&["status"][..], &["migrate"]] {
+        // Nothing but PATH: no DATABASE_URL, no PG* variable.
+        let out =
+            crate::common::relay::command(std::path::Path::new(crate::common::relay::BIN), command)
+                .output()
+                .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {err}");
+        assert!(
+            err.contains("no database is configured")
+                && SOCKETS.iter().all(|s| err.contains(s))
+                && err.contains("set DATABASE_URL"),
+            "{command:?}: {err}"
+        );
+    }
+}
