@@ -136,3 +136,53 @@ fn no_database_configured_is_said_with_the_sockets_tried() {
         );
     }
 }
+
+/// An OpenFGA URL written as a listen address, `host:port`: exit 2, and the URL it was meant to
+/// be.
+#[test]
+fn an_api_url_without_its_scheme_is_answered_with_the_url_it_meant() {
+    for command in ["run", "check"] {
+        let out = crate::common::relay::command(
+            std::path::Path::new(crate::common::relay::BIN),
+            &[command],
+        )
+        .env("FGA_API_URL", "127.0.0.1:18080")
+        .env("FGA_STORE_ID", "01HZZZZZZZZZZZZZZZZZZZZZZZ")
+        .output()
+        .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{command}: {said}");
+        assert!(
+            said.contains("FGA_API_URL") && said.contains("\"http://127.0.0.1:18080\""),
+            "{command}: {said}"
+        );
+    }
+}
+
+/// https:// against OpenFGA's plain-HTTP port: `check` and `run` say that the server did not
+/// answer in TLS, not only rustls' "corrupt message".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_against_a_plain_http_port_says_the_server_did_not_answer_in_tls() {
+    let env = Env::start().await;
+    let https = env.fga.url().replacen("http://", "https://", 1);
+    const SAID: &str = "the server did not answer in TLS";
+    let out = env
+        .command(&["check"])
+        .env("FGA_API_URL", &https)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("openfga:"))
+        .unwrap_or_else(|| panic!("no openfga line:\n{stdout}"));
+    assert!(line.starts_with("FAIL") && line.contains(SAID), "{line}");
+
+    let relay = env.spawn_relay(&[("FGA_API_URL", &https)]);
+    relay.wait_for_log(SAID).await;
+}
