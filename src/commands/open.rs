@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// A pool-backed store after checking that `migrate` has run.
 pub(super) async fn open_store(db: &DbSettings, application_name: &str) -> Result<Store, Failure> {
@@ -123,6 +123,21 @@ fn pool_error(e: &deadpool_postgres::PoolError, pg: &PgConnect) -> Explained {
     }
 }
 
+/// Says at start what `fga-relay check` says of a store without its model, rather than only
+/// later, row by row. The relay starts anyway: rows wait (nothing is dead-lettered) until the
+/// model is written. Read with ReadAuthorizationModels, not `check`'s refused Write: a start
+/// writes nothing.
+async fn say_model(client: &FgaClient) {
+    match client.model_relations().await {
+        Ok(model) => info!(model = %model.id, "OpenFGA authorization model found"),
+        Err(e) if e == crate::openfga::NO_MODEL => error!(
+            "{e}; until then rows wait, none is delivered (`fga-relay check` checks the model)"
+        ),
+        Err(e) => warn!(error = %e, "cannot read the store's authorization model; \
+            `fga-relay check` checks it"),
+    }
+}
+
 /// Builds a relay for `run` or `drain`: settings logged, schema checked, store checked.
 pub(super) async fn build_relay(
     db: DbSettings,
@@ -179,7 +194,10 @@ pub(super) async fn build_relay(
     }
     let client = Arc::new(FgaClient::new(&fga)?);
     match client.preflight().await {
-        Ok(name) => info!(store = %name, "OpenFGA store found"),
+        Ok(name) => {
+            info!(store = %name, "OpenFGA store found");
+            say_model(&client).await;
+        }
         Err(PreflightError::Config(e)) => return Err(e.into()),
         Err(PreflightError::Unavailable(e)) => {
             warn!(error = %e, "cannot check the OpenFGA store now; starting anyway and retrying")

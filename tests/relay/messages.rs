@@ -186,3 +186,30 @@ async fn https_against_a_plain_http_port_says_the_server_did_not_answer_in_tls()
     let relay = env.spawn_relay(&[("FGA_API_URL", &https)]);
     relay.wait_for_log(SAID).await;
 }
+
+/// A store without an authorization model: `run` says so at start, at ERROR, in `check`'s words,
+/// with no row to deliver yet (not only later, row by row), and starts anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_a_model_is_said_at_start() {
+    let env = Env::with_fga(crate::common::fga::Fga::builder().no_model().start()).await;
+    let mut relay = env.spawn_relay(&[]);
+    relay
+        .wait_for_log("the store has no authorization model: write one (fga model write)")
+        .await;
+    let logs = relay.logs();
+    assert_eq!(
+        errors_with(&logs, "no authorization model").len(),
+        1,
+        "{logs}"
+    );
+    relay.wait_for_log("delivering (leader)").await;
+    assert!(relay.is_running());
+    assert_eq!(env.fga.write_count(), 0, "a start writes nothing");
+
+    let env = Env::start().await;
+    let relay = env.spawn_relay(&[]);
+    relay
+        .wait_for_log("OpenFGA authorization model found")
+        .await;
+    assert!(!relay.logs().contains(" ERROR "), "{}", relay.logs());
+}
