@@ -26,12 +26,11 @@ pub(super) async fn open_store(db: &DbSettings, application_name: &str) -> Resul
     Ok(store)
 }
 
-/// A command's database error as it fails the command: said once (not also as the chain of its
-/// sources), and where the role lacks a privilege, with what it lacks and the GRANT that gives
-/// it, as `fga-relay check` says it.
+/// A command's database error as it fails the command; where the role lacks a privilege, with
+/// what it lacks and the GRANT that gives it, as `fga-relay check` says it.
 pub(super) async fn store_failure(store: &Store, e: StoreError) -> Failure {
     let StoreError::Db(db) = &e else {
-        return Failure::Other(anyhow::anyhow!("{e}"));
+        return e.into();
     };
     if db.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
         && let Ok(client) = store.pool().get().await
@@ -39,7 +38,7 @@ pub(super) async fn store_failure(store: &Store, e: StoreError) -> Failure {
     {
         return Failure::Other(anyhow::anyhow!("{e}: {lacks}"));
     }
-    Failure::Other(anyhow::anyhow!("{e}"))
+    e.into()
 }
 
 /// Why the schema could not be checked.

@@ -37,6 +37,15 @@ async fn a_role_without_the_grants_is_told_the_grant_once_and_the_relay_retries(
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.matches("permission denied").count(), 1, "{err}");
     assert!(err.contains(GRANT) && err.contains("sql --roles"), "{err}");
+    // The other commands, too, say the database's error once.
+    let out = env
+        .command(&["prune", "--older-than", "0s"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("permission denied").count(), 1, "{err}");
 
     let relay = env.spawn_relay(&[("DATABASE_URL", &url)]);
     // It retries: each retry is a new LISTEN connection, said at debug.
