@@ -115,6 +115,33 @@ async fn a_refused_password_is_an_error_naming_the_role_and_the_relay_retries() 
         || async { relay.logs().contains("delivering (leader)") },
     )
     .await;
+
+    // The password changed under a running relay, its sessions ended: its reconnects are refused,
+    // said once as it retries.
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(
+            "ALTER ROLE relay PASSWORD 'An0ther'; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+              WHERE application_name LIKE 'fga-relay run%'",
+        )
+        .await
+        .unwrap();
+    let refused = relay
+        .logs()
+        .matches("password authentication failed")
+        .count();
+    relay
+        .wait_for_log_count("password authentication failed", refused + 3)
+        .await;
+    let logs = relay.logs();
+    let said = errors_with(&logs, "cannot open the LISTEN connection");
+    assert_eq!(said.len(), 1, "said once, not at every retry:\n{logs}");
+    assert!(
+        said[0].contains("does not let the role relay in"),
+        "{}",
+        said[0]
+    );
 }
 
 /// With no `DATABASE_URL`, no `PG*` variable and no server at libpq's default sockets: the
