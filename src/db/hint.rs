@@ -114,14 +114,23 @@ pub async fn explain_with_grants(
     table: &TableName,
 ) -> Explained {
     let mut explained = explain(e, pg);
-    if explained.lasting == Some(PRIVILEGE)
-        && let Ok(client) = pool.get().await
-        && let Err(lacks) = super::probe::privileges(&client, table).await
-    {
+    if explained.lasting != Some(PRIVILEGE) {
+        return explained;
+    }
+    let ask = async {
+        let client = pool.get().await.ok()?;
+        super::probe::privileges(&client, table).await.err()
+    };
+    // Bounded: explaining must not hold up the loop that retries (a pool with no connection to
+    // spare keeps the generic next step).
+    if let Ok(Some(lacks)) = tokio::time::timeout(ASK_LIMIT, ask).await {
         explained.next = Some(lacks);
     }
     explained
 }
+
+/// How long asking what the role lacks may take.
+const ASK_LIMIT: Duration = Duration::from_secs(5);
 
 /// The Unix sockets tried, when every host is a socket directory and none had the socket.
 fn missing_sockets(e: &tokio_postgres::Error, pg: &PgConnect) -> Option<Vec<String>> {
