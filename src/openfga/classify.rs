@@ -357,6 +357,19 @@ pub(super) fn not_tls(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// What follows such an error: what it means, and what to do.
+pub(super) const NOT_TLS: &str = "the server did not answer in TLS; if it speaks plain HTTP use \
+                                  an http:// URL, else the port of its TLS listener";
+
+/// An error and its causes, as [`error_chain`], with [`NOT_TLS`] after it where that applies.
+pub(super) fn error_chain_tls(e: &(dyn std::error::Error + 'static)) -> String {
+    if not_tls(e) {
+        format!("{}: {NOT_TLS}", error_chain(e))
+    } else {
+        error_chain(e)
+    }
+}
+
 /// An error and its causes, `: `-separated.
 pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();

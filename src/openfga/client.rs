@@ -2,7 +2,7 @@
 //! whole Write.
 
 use super::auth::{Credentials, TokenError};
-use super::classify::{WriteError, classify, error_chain, excerpt, not_tls, redirected};
+use super::classify::{NOT_TLS, WriteError, classify, error_chain, excerpt, not_tls, redirected};
 use super::guarded_body::{GuardedBody, refused};
 use super::read_page::{MAX_READ_PAGE, ReadAnswer, ReadPage};
 use super::retry_after::parse_retry_after;
@@ -330,10 +330,7 @@ fn describe_http_error(e: &reqwest::Error) -> String {
         None => kind.to_owned(),
     };
     if not_tls(e) {
-        return format!(
-            "{said}: the server did not answer in TLS; if it speaks plain HTTP use an http:// \
-             URL, else the port of its TLS listener"
-        );
+        return format!("{said}: {NOT_TLS}");
     }
     said
 }

@@ -200,7 +200,7 @@ fn an_api_url_without_its_scheme_is_answered_with_the_url_it_meant() {
 }
 
 /// https:// against OpenFGA's plain-HTTP port: `check` and `run` say that the server did not
-/// answer in TLS, not only rustls' "corrupt message".
+/// answer in TLS, not only rustls' "corrupt message"; and so for a token issuer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_against_a_plain_http_port_says_the_server_did_not_answer_in_tls() {
     let env = Env::start().await;
@@ -221,6 +221,23 @@ async fn https_against_a_plain_http_port_says_the_server_did_not_answer_in_tls()
 
     let relay = env.spawn_relay(&[("FGA_API_URL", &https)]);
     relay.wait_for_log(SAID).await;
+
+    // The token issuer is reached the same way.
+    let out = env
+        .command(&["check"])
+        .envs([
+            ("FGA_CLIENT_ID", "relay"),
+            ("FGA_CLIENT_SECRET", "s3cret"),
+            ("FGA_API_TOKEN_ISSUER", https.as_str()),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("openfga:"))
+        .unwrap_or_else(|| panic!("no openfga line:\n{stdout}"));
+    assert!(line.starts_with("FAIL") && line.contains(SAID), "{line}");
 }
 
 /// A store without an authorization model: `run` says so at start, at ERROR, in `check`'s words,
