@@ -81,8 +81,8 @@ pub fn explain(e: &tokio_postgres::Error, pg: &PgConnect) -> Explained {
             Some(sockets) if pg.hosts_defaulted => Explained {
                 lasting: Some(NO_DATABASE),
                 error: format!(
-                    "no database is configured (neither DATABASE_URL, DATABASE_URL_FILE nor \
-                     PGHOST is set), and no PostgreSQL socket is at {}",
+                    "no database is configured: neither DATABASE_URL (or its file) nor PGHOST \
+                     names a server, and no PostgreSQL socket is at {}",
                     sockets.join(" or ")
                 ),
                 next: Some("set DATABASE_URL to the outbox's database".to_owned()),
