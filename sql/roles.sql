@@ -1,8 +1,11 @@
 -- fga-relay: least-privilege roles for the outbox.
 --
 -- Run once after `fga-relay migrate`, as the table's owner (or a superuser) with the right to
--- create roles; running it again changes nothing. It creates two group roles that cannot log in,
--- and grants them what each side needs and nothing more. Grant them to your login roles:
+-- create roles, stopping at the first error (`psql -v ON_ERROR_STOP=1`); running it again changes
+-- nothing. Where the roles exist already (another database of the same cluster made them), the
+-- table's owner runs it without the right to create roles: it then only grants. It creates two
+-- group roles that cannot log in, and grants them what each side needs and nothing more. Grant
+-- them to your login roles:
 --
 --     GRANT fga_outbox_writer TO app;         -- every application that writes to the outbox
 --     GRANT fga_outbox_relay  TO fga_relay;   -- the login fga-relay's DATABASE_URL names
@@ -13,19 +16,20 @@
 -- `fga_outbox` stands for the configured table name, and the role names follow it
 -- (`fga-relay sql --roles --table NAME` prints this file with the name substituted).
 
+-- A role is commented only as it is created: commenting on an existing role needs the right to
+-- create roles, which the owner of a second database using them need not have.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'fga_outbox_writer') THEN
         CREATE ROLE fga_outbox_writer NOLOGIN;
+        COMMENT ON ROLE fga_outbox_writer IS 'fga-relay: may add rows to fga_outbox, nothing else';
     END IF;
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'fga_outbox_relay') THEN
         CREATE ROLE fga_outbox_relay NOLOGIN;
+        COMMENT ON ROLE fga_outbox_relay IS 'fga-relay: what the relay needs to deliver fga_outbox';
     END IF;
 END
 $$;
-
-COMMENT ON ROLE fga_outbox_writer IS 'fga-relay: may add rows to fga_outbox, nothing else';
-COMMENT ON ROLE fga_outbox_relay IS 'fga-relay: what the relay needs to deliver fga_outbox';
 
 -- Both need to reach the table in its schema (USAGE only: neither may create anything there).
 -- The writer's `id` comes from the table's sequence (bigserial), and nextval() needs USAGE on

@@ -389,12 +389,27 @@ pub fn parse_http_addr(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
 /// Parses an http(s) URL for the named setting.
 pub fn parse_http_url(setting: &str, s: &str) -> Result<reqwest::Url, ConfigError> {
     let shown = shown_url_text(s);
-    let url = reqwest::Url::parse(s.trim())
-        .map_err(|e| ConfigError::new(setting, format!("{shown:?} is not a URL ({e})")))?;
+    // `host:port` alone, as a listen address is written: say what it was meant to be.
+    let with_scheme = |problem: String| {
+        if s.contains("://") {
+            problem
+        } else {
+            format!(
+                "{problem}: write it with its scheme, \"http://{}\" (or https://)",
+                shown.trim()
+            )
+        }
+    };
+    let url = reqwest::Url::parse(s.trim()).map_err(|e| {
+        ConfigError::new(
+            setting,
+            with_scheme(format!("{shown:?} is not a URL ({e})")),
+        )
+    })?;
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(ConfigError::new(
             setting,
-            format!("{shown:?} must start with http:// or https://"),
+            with_scheme(format!("{shown:?} must start with http:// or https://")),
         ));
     }
     if url.host_str().is_none() {
@@ -578,6 +593,30 @@ mod tests {
         assert!(!e.to_string().contains("s3cret"), "{e}");
         let e = parse_http_url("--api-url", "https://user:s3cret@[fga").unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn a_url_without_its_scheme_is_shown_with_it() {
+        for (given, meant) in [
+            ("127.0.0.1:18080", "http://127.0.0.1:18080"),
+            ("localhost:8080", "http://localhost:8080"),
+            ("fga.internal", "http://fga.internal"),
+            ("u:s3cret@fga:8080", "http://[redacted]@fga:8080"),
+        ] {
+            let e = parse_http_url("--api-url", given).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("\"{meant}\" (or https://)")),
+                "{given}: {e}"
+            );
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+        let e = parse_http_url("--api-url", "ftp://fga")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains("write it"),
+            "a scheme given is not second-guessed: {e}"
+        );
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! and may close or recycle the connection at any time). Where to connect comes from
 //! `DATABASE_URL` and libpq's environment and password file ([`conninfo`]); both use TLS as
 //! `sslmode` says, with libpq's semantics (see [`tls`]). A pooler in transaction mode in between
-//! is found and refused ([`pooler`]); `fga-relay check` asks its questions through [`probe`].
+//! is found and refused ([`pooler`]); `fga-relay check` asks its questions through [`probe`]; what an
+//! error means and the next step, for the errors that do not heal by themselves, is in [`hint`].
 
 pub mod conninfo;
+pub mod hint;
 pub mod pgpass;
 pub mod pooler;
 pub mod probe;
@@ -35,6 +37,8 @@ pub struct PgConnect {
     tls: MakeRustlsConnect,
     /// What its sessions are for, which decides some of their settings (see [`session_setup`]).
     pub sessions: Sessions,
+    /// Nothing named a server: the hosts are libpq's default sockets (to say so, see [`hint`]).
+    pub hosts_defaulted: bool,
 }
 
 /// What a relay's sessions are for.
@@ -173,6 +177,7 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<PgConn
         config: cfg,
         tls: pg_tls.connector,
         sessions: Sessions::Commands,
+        hosts_defaulted: info.hosts_defaulted,
     })
 }
 

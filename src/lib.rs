@@ -41,6 +41,7 @@
 //!   loop makes progress (`/livez`, and what feeds the watchdog).
 //! - [`reload`]: what a SIGHUP rereads (the settings' files).
 //! - [`output`]: what commands print on stdout, ending quietly when the reader goes away.
+//! - [`recurring`]: how often a problem that lasts is said again (once a minute).
 //! - [`backoff`], [`shutdown`], [`telemetry`]: small pieces every loop shares; [`build_info`]:
 //!   the version and git revision (found by `build.rs`).
 
@@ -64,6 +65,7 @@ pub mod pass_log;
 pub mod payload;
 pub mod process_metrics;
 pub mod reconcile;
+pub mod recurring;
 pub mod relay;
 pub mod reload;
 pub mod schema;

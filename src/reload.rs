@@ -4,7 +4,8 @@
 //! file and the TLS files `DATABASE_URL` names, read again too). Connections already open stay.
 //! Everything else comes from flags and the environment, which a running process cannot be given
 //! anew: with no setting read from a file, the signal is logged and ignored. Never kills the
-//! process (SIGHUP's default).
+//! process (SIGHUP's default). A file that cannot be read, or is empty (caught in the middle of a
+//! rewrite), changes nothing: what is in use stays, and the error is logged.
 
 use crate::config::Secret;
 use crate::db::SharedPg;
@@ -13,7 +14,7 @@ use crate::settings::RelayArgs;
 use crate::systemd::Notifier;
 use std::sync::Arc;
 use tokio::signal::unix::Signal;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// What a SIGHUP rereads, and where it puts it.
 pub struct Reload {
@@ -48,7 +49,8 @@ impl Reload {
         let files = files.join(", ");
         self.systemd.reloading();
         match self.args.settings() {
-            Err(e) => warn!(%files, error = %e,
+            // An error: the file is wrong now, and the next restart would fail on it.
+            Err(e) => error!(%files, error = %e,
                 "SIGHUP: cannot reread the settings' files; going on with the ones in use"),
             Ok((db, fga, _)) => {
                 let mut changed = Vec::new();

@@ -118,7 +118,10 @@ async fn check_postgres(
     let connected =
         match tokio::time::timeout(CONNECT_LIMIT, crate::db::connect_dedicated(pg)).await {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(format!("cannot connect: {}", crate::db::describe(&e))),
+            Ok(Err(e)) => Err(format!(
+                "cannot connect: {}",
+                crate::db::hint::explain(&e, pg)
+            )),
             Err(_) => Err(format!("no answer within {}s", CONNECT_LIMIT.as_secs())),
         };
     let (client, conn) = match connected {

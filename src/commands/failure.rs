@@ -31,6 +31,7 @@ impl From<SchemaProblem> for Failure {
 
 impl From<crate::store::StoreError> for Failure {
     fn from(e: crate::store::StoreError) -> Self {
-        Failure::Other(e.into())
+        // Its message already holds the database's, which its sources would say again.
+        Failure::Other(anyhow::anyhow!("{e}"))
     }
 }

@@ -22,9 +22,9 @@ impl Migrate {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let db = self.db.settings()?;
         let cfg = crate::db::pg_config(&db, "fga-relay migrate")?;
-        let (mut client, conn) = crate::db::connect_dedicated(&cfg)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect: {}", crate::db::describe(&e)))?;
+        let (mut client, conn) = crate::db::connect_dedicated(&cfg).await.map_err(|e| {
+            anyhow::anyhow!("cannot connect: {}", crate::db::hint::explain(&e, &cfg))
+        })?;
         let driver = tokio::spawn(conn);
         if self.check {
             let changes = schema::pending_changes(&client, &db.table).await?;

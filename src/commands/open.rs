@@ -3,67 +3,137 @@
 
 use super::failure::Failure;
 use crate::config::{Auth, DbSettings, DeliverySettings, FgaSettings};
+use crate::db::hint::{self, Explained};
+use crate::db::{PgConnect, SharedPg};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, PreflightError};
+use crate::recurring::Recurring;
 use crate::relay::Relay;
 use crate::schema;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// A pool-backed store after checking that `migrate` has run.
 pub(super) async fn open_store(db: &DbSettings, application_name: &str) -> Result<Store, Failure> {
     let cfg = crate::db::pg_config(db, application_name)?;
-    let store = Store::new(crate::db::pool(cfg, 2), db.table.clone());
-    check_schema(&store).await?;
+    let store = Store::new(crate::db::pool(cfg.clone(), 2), db.table.clone());
+    check_schema(&store, &cfg).await?;
     Ok(store)
 }
 
-async fn check_schema(store: &Store) -> Result<schema::TableInfo, Failure> {
+/// A command's database error as it fails the command; where the role lacks a privilege, with
+/// what it lacks and the GRANT that gives it, as `fga-relay check` says it.
+pub(super) async fn store_failure(store: &Store, e: StoreError) -> Failure {
+    let StoreError::Db(db) = &e else {
+        return e.into();
+    };
+    if db.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+        && let Ok(client) = store.pool().get().await
+        && let Err(lacks) = crate::db::probe::privileges(&client, store.table()).await
+    {
+        return Failure::Other(anyhow::anyhow!("{e}: {lacks}"));
+    }
+    e.into()
+}
+
+/// Why the schema could not be checked.
+enum Unchecked {
+    /// No connection: why, and what that means.
+    Connect(Explained),
+    Failed(Failure),
+}
+
+async fn check_schema(store: &Store, pg: &PgConnect) -> Result<schema::TableInfo, Failure> {
+    Ok(try_check_schema(store, pg).await?)
+}
+
+async fn try_check_schema(store: &Store, pg: &PgConnect) -> Result<schema::TableInfo, Unchecked> {
     let client = store
         .pool()
         .get()
         .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {}", pool_error(&e)))?;
-    Ok(schema::check(&client, store.table()).await?)
+        .map_err(|e| Unchecked::Connect(pool_error(&e, pg)))?;
+    schema::check(&client, store.table())
+        .await
+        .map_err(|e| Unchecked::Failed(e.into()))
 }
 
 /// [`check_schema`] for the daemon: a database that is not up yet (the relay started first, or
 /// is restarting) is waited for, with backoff, until `shutdown`, beating `liveness` at each
 /// attempt (waiting is progress). A missing table is still bad configuration at once.
+/// An error that does not heal by itself (a refused password, no database configured) is said at
+/// ERROR with the next step, once a minute while it lasts (see `db::hint`).
 async fn wait_for_schema(
     store: &Store,
+    pg: &SharedPg,
     shutdown: &CancellationToken,
     liveness: &Liveness,
 ) -> Result<schema::TableInfo, Failure> {
     const WAIT: crate::backoff::Backoff =
         crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let recurring = Recurring::default();
     let mut attempt = 0;
     loop {
         liveness.beat();
-        match check_schema(store).await {
-            Err(Failure::Other(e)) if !shutdown.is_cancelled() => {
-                attempt += 1;
-                let wait = WAIT.delay(attempt).min(liveness.beat_interval());
-                warn!(error = %format!("{e:#}"), retry_in = ?wait, "waiting for PostgreSQL");
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.cancelled() => return Err(Failure::Other(e)),
-                }
+        let unchecked = match try_check_schema(store, &pg.get()).await {
+            Ok(table) => return Ok(table),
+            Err(Unchecked::Failed(config @ Failure::Config(_))) => return Err(config),
+            Err(unchecked) => unchecked,
+        };
+        attempt += 1;
+        let wait = WAIT.delay(attempt).min(liveness.beat_interval());
+        match &unchecked {
+            Unchecked::Connect(why) => {
+                hint::log("waiting for PostgreSQL", why, Some(wait), &recurring);
             }
-            other => return other,
+            Unchecked::Failed(e) => warn!(error = %e, retry_in = ?wait, "waiting for PostgreSQL"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return Err(unchecked.into()),
         }
     }
 }
 
-fn pool_error(e: &deadpool_postgres::PoolError) -> String {
+impl From<Unchecked> for Failure {
+    fn from(e: Unchecked) -> Failure {
+        match e {
+            Unchecked::Connect(why) => {
+                Failure::Other(anyhow::anyhow!("cannot connect to PostgreSQL: {why}"))
+            }
+            Unchecked::Failed(f) => f,
+        }
+    }
+}
+
+fn pool_error(e: &deadpool_postgres::PoolError, pg: &PgConnect) -> Explained {
     match e {
-        deadpool_postgres::PoolError::Backend(e) => crate::db::describe(e),
-        other => other.to_string(),
+        deadpool_postgres::PoolError::Backend(e) => hint::explain(e, pg),
+        other => Explained {
+            lasting: None,
+            error: other.to_string(),
+            next: None,
+        },
+    }
+}
+
+/// Says at start what `fga-relay check` says of a store without its model, rather than only
+/// later, row by row. The relay starts anyway: rows wait (nothing is dead-lettered) until the
+/// model is written. Read with ReadAuthorizationModels, not `check`'s refused Write: a start
+/// writes nothing.
+async fn say_model(client: &FgaClient) {
+    match client.model_relations().await {
+        Ok(model) => info!(model = %model.id, "OpenFGA authorization model found"),
+        Err(e) if e == crate::openfga::NO_MODEL => error!(
+            "{e}; until then rows wait, none is delivered (`fga-relay check` checks the model)"
+        ),
+        Err(e) => warn!(error = %e, "cannot read the store's authorization model; \
+            `fga-relay check` checks it"),
     }
 }
 
@@ -114,8 +184,8 @@ pub(super) async fn build_relay(
         db.table.clone(),
     );
     let table = match wait_for_db {
-        Some(shutdown) => wait_for_schema(&store, shutdown, &liveness).await?,
-        None => check_schema(&store).await?,
+        Some(shutdown) => wait_for_schema(&store, &pg, shutdown, &liveness).await?,
+        None => check_schema(&store, &pg.get()).await?,
     };
     if !table.trigger {
         warn!(table = %db.table, "the wake-up trigger is missing or disabled: rows will be found \
@@ -123,7 +193,10 @@ pub(super) async fn build_relay(
     }
     let client = Arc::new(FgaClient::new(&fga)?);
     match client.preflight().await {
-        Ok(name) => info!(store = %name, "OpenFGA store found"),
+        Ok(name) => {
+            info!(store = %name, "OpenFGA store found");
+            say_model(&client).await;
+        }
         Err(PreflightError::Config(e)) => return Err(e.into()),
         Err(PreflightError::Unavailable(e)) => {
             warn!(error = %e, "cannot check the OpenFGA store now; starting anyway and retrying")

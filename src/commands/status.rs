@@ -4,7 +4,7 @@
 //! error that killed each and the commands that list and retry them.
 
 use super::failure::Failure;
-use super::open::open_store;
+use super::open::{open_store, store_failure};
 use crate::output;
 use crate::settings::DbArgs;
 use clap::Args;
@@ -47,15 +47,22 @@ struct Report {
 impl Status {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let store = open_store(&self.db.settings()?, "fga-relay status").await?;
-        let s = store.status().await?;
-        let stores = store.status_stores().await?;
-        let (dead_by_reason, newest_dead) = if s.dead > 0 {
-            (
-                store.dead_reasons(DEAD_REASONS).await?,
-                store.dead_newest(Default::default(), DEAD_SHOWN).await?,
-            )
-        } else {
-            (Vec::new(), Vec::new())
+        let counted = async {
+            let s = store.status().await?;
+            let stores = store.status_stores().await?;
+            let dead = if s.dead > 0 {
+                (
+                    store.dead_reasons(DEAD_REASONS).await?,
+                    store.dead_newest(Default::default(), DEAD_SHOWN).await?,
+                )
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            Ok((s, stores, dead))
+        };
+        let (s, stores, (dead_by_reason, newest_dead)) = match counted.await {
+            Ok(counts) => counts,
+            Err(e) => return Err(store_failure(&store, e).await),
         };
         if self.json {
             let report = Report {

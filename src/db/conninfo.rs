@@ -32,6 +32,9 @@ pub struct Conninfo {
     pub tls_from_env: Vec<&'static str>,
     /// The connection string chose `target_session_attrs`.
     pub target_session_attrs_given: bool,
+    /// Neither the connection string nor `PGHOST` named a server: the hosts are libpq's default
+    /// socket directories.
+    pub hosts_defaulted: bool,
 }
 
 /// Resolves `url` (if any) with the environment `env` reads. The password file is read only
@@ -56,6 +59,7 @@ pub fn resolve(
             )
         })?
     };
+    let hosts_defaulted = config.get_hosts().is_empty() && env("PGHOST").is_none();
     if config.get_hosts().is_empty() {
         match env("PGHOST") {
             Some(hosts) => hosts.split(',').for_each(|h| {
@@ -142,6 +146,7 @@ pub fn resolve(
         connect_timeout_given,
         tls_from_env,
         target_session_attrs_given: rest.contains("target_session_attrs"),
+        hosts_defaulted,
     })
 }
 
@@ -212,6 +217,19 @@ mod tests {
                 Host::Unix(p) => p.display().to_string(),
             })
             .collect()
+    }
+
+    #[test]
+    fn hosts_are_defaulted_only_when_neither_the_string_nor_pghost_names_one() {
+        let defaulted = |url: Option<&str>, vars: &[(&str, &str)]| {
+            resolve(url, &with(vars), false).unwrap().hosts_defaulted
+        };
+        assert!(defaulted(None, &[]));
+        assert!(defaulted(Some("user=relay dbname=app"), &[("PGUSER", "x")]));
+        assert!(defaulted(None, &[("PGHOST", " ")]), "empty is unset");
+        assert!(!defaulted(None, &[("PGHOST", "db")]));
+        assert!(!defaulted(Some("host=/run/pg"), &[]));
+        assert!(!defaulted(Some("postgres://db/app"), &[]));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Authentication to OpenFGA: a preshared token, or client-credentials (OIDC) tokens fetched from
 //! the issuer and cached until shortly before they expire.
 
-use super::classify::{WriteError, error_chain, excerpt};
+use super::classify::{WriteError, error_chain, error_chain_tls, excerpt};
 use crate::config::{Auth, Secret};
 use serde::Deserialize;
 use std::time::{Duration, Instant};
@@ -109,7 +109,7 @@ impl Credentials {
             .map_err(|e| {
                 TokenError::unavailable(format!(
                     "token request to {issuer} failed: {}",
-                    error_chain(&e)
+                    error_chain_tls(&e)
                 ))
             })?;
         let status = resp.status();

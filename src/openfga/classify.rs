@@ -330,6 +330,46 @@ pub(super) fn redirected(status: u16, headers: &reqwest::header::HeaderMap) -> W
     }
 }
 
+/// Whether `e` (or a cause) is a TLS handshake that got an answer that is not TLS: an https://
+/// URL for a server, or a port, that speaks plain HTTP. rustls says only "received corrupt
+/// message of type InvalidContentType".
+pub(super) fn not_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if matches!(
+            e.downcast_ref::<rustls::Error>(),
+            Some(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::InvalidContentType
+            ))
+        ) {
+            return true;
+        }
+        // An I/O error hides the error it carries from `source()` (and may carry another I/O
+        // error): look inside.
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    false
+}
+
+/// What follows such an error: what it means, and what to do.
+pub(super) const NOT_TLS: &str = "the server did not answer in TLS; if it speaks plain HTTP use \
+                                  an http:// URL, else the port of its TLS listener";
+
+/// An error and its causes, as [`error_chain`], with [`NOT_TLS`] after it where that applies.
+pub(super) fn error_chain_tls(e: &(dyn std::error::Error + 'static)) -> String {
+    if not_tls(e) {
+        format!("{}: {NOT_TLS}", error_chain(e))
+    } else {
+        error_chain(e)
+    }
+}
+
 /// An error and its causes, `: `-separated.
 pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();

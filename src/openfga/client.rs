@@ -2,7 +2,7 @@
 //! whole Write.
 
 use super::auth::{Credentials, TokenError};
-use super::classify::{WriteError, classify, error_chain, excerpt, redirected};
+use super::classify::{NOT_TLS, WriteError, classify, error_chain, excerpt, not_tls, redirected};
 use super::guarded_body::{GuardedBody, refused};
 use super::read_page::{MAX_READ_PAGE, ReadAnswer, ReadPage};
 use super::retry_after::parse_retry_after;
@@ -325,8 +325,12 @@ fn describe_http_error(e: &reqwest::Error) -> String {
     } else {
         "request to OpenFGA failed"
     };
-    match std::error::Error::source(e) {
+    let said = match std::error::Error::source(e) {
         Some(cause) => format!("{kind}: {}", error_chain(cause)),
         None => kind.to_owned(),
+    };
+    if not_tls(e) {
+        return format!("{said}: {NOT_TLS}");
     }
+    said
 }

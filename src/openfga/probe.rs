@@ -18,6 +18,9 @@ pub struct StoreProbe {
     pub store: Option<Probe>,
 }
 
+/// What `check` says, and `run` at start, of a store with no authorization model.
+pub const NO_MODEL: &str = "the store has no authorization model: write one (fga model write)";
+
 /// A type no model has (types are names a model's author chose; this one says where it came
 /// from): a Write of it is refused after the model is found, and applies nothing.
 const NO_SUCH_TYPE: &str = "fga_relay_check_no_such_type";
@@ -123,9 +126,7 @@ impl FgaClient {
             (400, "validation_error") if error.message.contains(NO_SUCH_TYPE) => {
                 Ok(format!("{which} model found"))
             }
-            (400, "latest_authorization_model_not_found") => {
-                Err("the store has no authorization model: write one (fga model write)".into())
-            }
+            (400, "latest_authorization_model_not_found") => Err(NO_MODEL.into()),
             (400, "authorization_model_not_found") => Err(format!(
                 "the store has no model {which}: check --model-id (FGA_MODEL_ID)"
             )),
@@ -190,7 +191,7 @@ impl FgaClient {
         let model = answer
             .authorization_model
             .or_else(|| answer.authorization_models.into_iter().next())
-            .ok_or("the store has no authorization model")?;
+            .ok_or(NO_MODEL)?;
         Ok(ModelRelations {
             id: model.id,
             types: model

@@ -10,6 +10,7 @@
 
 use crate::backoff::Backoff;
 use crate::config::{DbSettings, DeliverySettings, FgaSettings};
+use crate::db::hint;
 use crate::db::pooler::PoolerCheck;
 use crate::db::{PgConnect, SharedPg};
 use crate::delivery::{Controls, Deliverer, Mode, PassReport};
@@ -19,6 +20,7 @@ use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::pass_log::{PassLog, Trigger};
+use crate::recurring::Recurring;
 use crate::schema::TableInfo;
 use crate::store::{Store, StoreError};
 use crate::systemd::Notifier;
@@ -234,6 +236,11 @@ impl Relay {
         }
     }
 
+    /// What a database error means, and the next step (for a missing grant, `check`'s words).
+    async fn explain(&self, e: &tokio_postgres::Error) -> hint::Explained {
+        hint::explain_with_grants(e, &self.pg.get(), self.store.pool(), &self.db.table).await
+    }
+
     /// The dedicated connection's settings: the relay's, named apart so operators (and tests)
     /// can tell it from the pool's connections in `pg_stat_activity`.
     fn listener_config(&self) -> PgConnect {
@@ -265,6 +272,8 @@ impl Relay {
         let mut deliverer = self.deliverer();
         let mut failures = 0u32;
         let mut connected_before = false;
+        // What does not heal by itself is said at ERROR, once a minute (see `db::hint`).
+        let recurring = Recurring::default();
         while !shutdown.is_cancelled() {
             self.liveness.beat();
             let session = match self.connect(true).await {
@@ -275,8 +284,13 @@ impl Relay {
                     }
                     failures += 1;
                     let wait = RECONNECT_BACKOFF.delay(failures);
-                    warn!(error = %crate::db::describe(&e), retry_in = ?wait,
-                        "cannot open the LISTEN connection");
+                    let why = self.explain(&e).await;
+                    hint::log(
+                        "cannot open the LISTEN connection",
+                        &why,
+                        Some(wait),
+                        &recurring,
+                    );
                     if !self.nap(wait, &[&shutdown]).await {
                         break;
                     }
@@ -295,10 +309,15 @@ impl Relay {
             listening(Some(session.lost().clone()));
             self.systemd.ready("LISTEN connection up");
 
-            let end = match self.stand_by(&session, &shutdown).await {
+            // Whether the session ended on an error already said, with its cause.
+            let mut said = false;
+            let end = match self.stand_by(&session, &shutdown, &recurring).await {
                 Ok(Some(taken)) => self.lead(&session, taken, &mut deliverer, &shutdown).await,
                 Ok(None) => LeadEnd::Shutdown,
-                Err(()) => LeadEnd::Lost,
+                Err(lasting) => {
+                    said = lasting;
+                    LeadEnd::Lost
+                }
             };
             self.metrics.leader.set(0);
             self.metrics.listen_connected.set(0);
@@ -317,8 +336,12 @@ impl Relay {
                     if opened.elapsed() < SHORT_SESSION {
                         failures += 1;
                         let wait = RECONNECT_BACKOFF.delay(failures);
-                        warn!(retry_in = ?wait, "LISTEN connection lost soon after it opened; \
-                            reconnecting");
+                        if said {
+                            debug!(retry_in = ?wait, "reconnecting");
+                        } else {
+                            warn!(retry_in = ?wait, "LISTEN connection lost soon after it \
+                                opened; reconnecting");
+                        }
                         if !self.nap(wait, &[&shutdown]).await {
                             break;
                         }
@@ -333,13 +356,15 @@ impl Relay {
         info!("relay stopped");
     }
 
-    /// Waits until this relay holds leadership. Ok(None) on shutdown, Err on a lost session.
+    /// Waits until this relay holds leadership. Ok(None) on shutdown, Err on a lost session
+    /// (true: on an error that lasts until someone acts, said with the next step).
     /// Each time the lock is held by another session, ends that session if its lease ran out.
     async fn stand_by(
         &self,
         session: &Session,
         shutdown: &CancellationToken,
-    ) -> Result<Option<Taken>, ()> {
+        recurring: &Recurring,
+    ) -> Result<Option<Taken>, bool> {
         let mut announced = false;
         let mut refused = false;
         loop {
@@ -370,22 +395,28 @@ impl Relay {
                         Ok(_) => {}
                         Err(e) => {
                             self.pooler.check(&e);
-                            warn!(error = %crate::db::describe(&e), "cannot check the leader's lease");
-                            return Err(());
+                            let why = self.explain(&e).await;
+                            let what = "cannot check the leader's lease";
+                            return Err(hint::log(what, &why, None, recurring));
                         }
                     }
                 }
                 Err(e) => {
                     self.pooler.check(&e);
-                    warn!(error = %crate::db::describe(&e), "cannot ask for leadership");
-                    return Err(());
+                    let why = self.explain(&e).await;
+                    return Err(hint::log(
+                        "cannot ask for leadership",
+                        &why,
+                        None,
+                        recurring,
+                    ));
                 }
             }
             if !self.nap(next_try, &[shutdown, session.lost()]).await {
                 return if shutdown.is_cancelled() {
                     Ok(None)
                 } else {
-                    Err(())
+                    Err(false)
                 };
             }
         }

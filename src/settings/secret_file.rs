@@ -2,7 +2,9 @@
 //! (Docker and Kubernetes secrets), or a systemd credential (`LoadCredential=` puts it in
 //! `$CREDENTIALS_DIRECTORY`). Giving a variable and its `_FILE` both is an error (which one was
 //! meant?); a credential is read only when neither is given. A file's trailing newline is not part
-//! of the secret (`echo secret > file` writes one).
+//! of the secret (`echo secret > file` writes one). A file that holds nothing else is an error, not
+//! "no secret": caught half-written by a rewrite that is not atomic, it would otherwise turn into
+//! Writes without credentials, or connections to libpq's defaults.
 
 use crate::config::ConfigError;
 use std::path::{Path, PathBuf};
@@ -67,7 +69,8 @@ fn credential_path(name: &str) -> Option<PathBuf> {
     path.exists().then_some(path)
 }
 
-/// The file's contents without one trailing newline. Errors name the file, never its contents.
+/// The file's contents without one trailing newline; an error when nothing else is left. Errors
+/// name the file, never its contents.
 fn read(setting: &str, path: &Path) -> Result<String, ConfigError> {
     let mut s = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new(setting, format!("cannot read {}: {e}", path.display())))?;
@@ -76,6 +79,12 @@ fn read(setting: &str, path: &Path) -> Result<String, ConfigError> {
         if s.ends_with('\r') {
             s.pop();
         }
+    }
+    if s.trim().is_empty() {
+        return Err(ConfigError::new(
+            setting,
+            format!("{} is empty", path.display()),
+        ));
     }
     Ok(s)
 }
@@ -114,6 +123,11 @@ mod tests {
         let both = SOURCE.resolve(Some("v"), Some(f)).err().unwrap();
         assert!(both.to_string().contains("FGA_API_TOKEN_FILE"), "{both}");
         assert!(both.to_string().contains("(FGA_API_TOKEN)"), "{both}");
+        for empty in ["", "\n", " \r\n"] {
+            std::fs::write(&file, empty).unwrap();
+            let e = SOURCE.resolve(None, Some(f)).err().unwrap();
+            assert!(e.to_string().contains("is empty"), "{empty:?}: {e}");
+        }
         let missing = SOURCE.resolve(None, Some("/nonexistent/x")).err().unwrap();
         assert!(
             missing.to_string().contains("FGA_API_TOKEN_FILE"),

@@ -343,6 +343,14 @@ fn pg_bindir() -> PathBuf {
     );
 }
 
+/// `psql` from the same PostgreSQL as the servers, connecting to `url`, with no startup file
+/// (`-X`): a client, run as whoever runs the tests.
+pub fn psql(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(pg_bindir().join("psql"));
+    c.arg("-X").args(args).arg(url).env_remove("PSQLRC");
+    c
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }

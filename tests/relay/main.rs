@@ -14,6 +14,7 @@ mod faults;
 mod leadership;
 mod libpq;
 mod listen;
+mod messages;
 mod observability;
 mod openfga;
 mod order;

@@ -105,5 +105,25 @@ async fn secrets_come_from_files_and_systemd_credentials() {
     let (_, code, logs) = drain(&env, &[("DATABASE_URL_FILE", "/nonexistent/url")]).await;
     assert_eq!(code, Some(2), "{logs}");
     assert!(logs.contains("DATABASE_URL_FILE"), "{logs}");
+    // An empty _FILE is not "no secret" (libpq's defaults, no key): exit 2 naming it.
+    let empty = file("empty", "");
+    for vars in [
+        [
+            ("DATABASE_URL_FILE", empty.as_str()),
+            ("FGA_API_TOKEN", TOKEN),
+        ],
+        [
+            ("DATABASE_URL", url.as_str()),
+            ("FGA_API_TOKEN_FILE", empty.as_str()),
+        ],
+    ] {
+        let var = vars.iter().find(|(_, v)| *v == empty).unwrap().0;
+        let (_, code, logs) = drain(&env, &vars).await;
+        assert_eq!(code, Some(2), "{var}: {logs}");
+        assert!(
+            logs.contains(var) && logs.contains("is empty"),
+            "{var}: {logs}"
+        );
+    }
     std::fs::remove_dir_all(Path::new(&dir)).unwrap();
 }

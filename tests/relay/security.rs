@@ -943,3 +943,105 @@ fn roles_sql_is_printed_for_the_table() {
         "{renamed}"
     );
 }
+
+/// `fga-relay sql --roles | psql -v ON_ERROR_STOP=1`, as the docs show it, with a real psql: the
+/// owner of a database, without CREATEROLE, is stopped at the first error while the roles do not
+/// exist (psql exits non-zero); once they exist (made for another database of the cluster), it
+/// runs without an error, and again, changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_sql_through_psql_stops_at_its_first_error_and_runs_again_where_the_roles_exist() {
+    let db = TestDb::start_with(PgOptions::default());
+    let admin = db.connect().await;
+    for sql in [
+        "CREATE ROLE app_owner LOGIN",
+        "CREATE DATABASE app OWNER app_owner",
+    ] {
+        admin.batch_execute(sql).await.unwrap();
+    }
+    let app_url = db.url().replace("dbname=postgres", "dbname=app");
+    let owner_url = app_url.replace("user=postgres", "user=app_owner");
+    let relay = |url: &str, args: &[&str]| {
+        let out =
+            crate::common::relay::command(std::path::Path::new(crate::common::relay::BIN), args)
+                .env("DATABASE_URL", url)
+                .output()
+                .unwrap();
+        assert_success(&out, &format!("fga-relay {args:?}"));
+        out.stdout
+    };
+    relay(&owner_url, &["migrate"]);
+    let roles = relay(&owner_url, &["sql", "--roles"]);
+    let psql = |url: &str| {
+        let mut child = crate::common::pg::psql(url, &["-q", "-v", "ON_ERROR_STOP=1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run psql");
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(&roles).unwrap();
+        }
+        child.wait_with_output().unwrap()
+    };
+
+    // No roles yet, and no right to make them: psql stops at the first error, and says so.
+    let out = psql(&owner_url);
+    let err = stderr_of(&out);
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(err.matches("ERROR").count(), 1, "{err}");
+    assert!(err.contains("permission denied to create role"), "{err}");
+
+    // The roles made, for the cluster's first database, by a role that may.
+    relay(db.url(), &["migrate"]);
+    let out = psql(db.url());
+    assert_success(&out, "roles.sql as a superuser");
+
+    // The second database's owner grants on its own table, without a word from PostgreSQL, and
+    // a second run changes nothing.
+    let (app, conn) = tokio_postgres::connect(&app_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    const STATE: &str = "SELECT concat_ws(' | ', \
+          (SELECT relacl::text FROM pg_class WHERE relname = 'fga_outbox'), \
+          (SELECT string_agg(attname || '=' || attacl::text, ',' ORDER BY attnum) \
+             FROM pg_attribute WHERE attrelid = 'fga_outbox'::regclass AND attacl IS NOT NULL), \
+          (SELECT relacl::text FROM pg_class WHERE relname = 'fga_outbox_leader'), \
+          (SELECT nspacl::text FROM pg_namespace WHERE nspname = 'public'), \
+          shobj_description('fga_outbox_writer'::regrole, 'pg_authid'), \
+          shobj_description('fga_outbox_relay'::regrole, 'pg_authid'))";
+    let state = || async { app.query_one(STATE, &[]).await.unwrap().get::<_, String>(0) };
+    let before = state().await;
+    for run in ["first", "second"] {
+        let out = psql(&owner_url);
+        let err = stderr_of(&out);
+        assert_success(
+            &out,
+            &format!("roles.sql as the owner without CREATEROLE ({run} run)"),
+        );
+        assert!(
+            !err.contains("ERROR") && !err.contains("WARNING"),
+            "{run} run:\n{err}"
+        );
+    }
+    let after = state().await;
+    assert_ne!(before, after, "the owner's run granted on its table");
+    assert!(after.contains("fga_outbox_relay"), "{after}");
+    let out = psql(&owner_url);
+    assert_success(&out, "roles.sql as the owner, a third time");
+    assert_eq!(state().await, after, "running it again changes nothing");
+    let comment: Option<String> = app
+        .query_one(
+            "SELECT shobj_description('fga_outbox_relay'::regrole, 'pg_authid')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        comment.is_some_and(|c| c.starts_with("fga-relay:")),
+        "the roles are commented as they are made"
+    );
+}

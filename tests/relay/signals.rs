@@ -126,6 +126,73 @@ async fn sighup_rereads_database_url_file_for_new_connections() {
     );
 }
 
+/// A secret file found empty at SIGHUP (a rewrite that is not atomic, caught half-way) changes
+/// nothing: the relay logs an error naming the files and keeps what it uses, so its Writes keep
+/// their key (OpenFGA here refuses any other) and its new connections their server and password
+/// (libpq's defaults would find no server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_an_empty_secret_file_keeps_what_is_in_use() {
+    let fga = Fga::builder().accept_bearer(|t| t == "first-T0ken").start();
+    let (env, port) = password_checked(fga).await;
+    let url = format!(
+        "postgresql://relay:{}@127.0.0.1:{port}/postgres",
+        percent_encode(PASSWORD)
+    );
+    let url_file = secret_file("sighup-empty", "database-url", &url);
+    let token_file = secret_file("sighup-empty", "api-token", "first-T0ken");
+    let mut command = env.command(&["run"]);
+    command
+        .env_remove("DATABASE_URL")
+        .env("DATABASE_URL_FILE", &url_file)
+        .env("FGA_API_TOKEN_FILE", &token_file);
+    let mut relay = RelayProc::spawn(command);
+    relay.wait_for_log("delivering (leader)").await;
+
+    for file in [&url_file, &token_file] {
+        write_private(std::path::Path::new(file), "", 0o600);
+    }
+    relay.signal(libc::SIGHUP);
+    relay
+        .wait_for_log("SIGHUP: cannot reread the settings' files")
+        .await;
+    let logs = relay.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("SIGHUP: cannot reread"))
+        .unwrap();
+    assert!(
+        line.contains("ERROR") && line.contains("is empty"),
+        "{line}"
+    );
+    // New connections from here on: they must still go where the file said before.
+    env.db
+        .connect()
+        .await
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name LIKE 'fga-relay run%'",
+        )
+        .await
+        .unwrap();
+    let id = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    // A new leader first waits out the fence of the session it replaced (7 s here).
+    wait_until(
+        PROMPTLY * 3,
+        "the row is delivered with the key and connection string in use",
+        || async { env.row(id).await.delivered },
+    )
+    .await;
+    assert!(relay.is_running());
+    let last = accepted_writes(&env.fga).pop().unwrap();
+    assert_eq!(last.authorization.as_deref(), Some("Bearer first-T0ken"));
+    assert!(
+        env.fga.writes().iter().all(|w| w.authorization.is_some()),
+        "a Write without the key"
+    );
+}
+
 /// SIGTERM while a Write hangs: the relay waits for it (up to the request timeout, 20 s here). A
 /// second SIGTERM exits at once, with status 143 and a line that says so; the row stays pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,268 @@
+//! Messages that name the cause: what does not heal by itself while the relay retries (a missing
+//! grant, a refused password, no database configured) is said at ERROR with the next step, once
+//! while it recurs (said again a minute later at most), and the relay keeps retrying.
+
+use crate::common::pg::PROMPTLY;
+use crate::common::relay::{Env, RelayProc, tk, wait_until, writes};
+use crate::libpq::{PASSWORD, password_checked};
+
+/// The log's lines at ERROR that contain `needle`.
+fn errors_with<'a>(logs: &'a str, needle: &str) -> Vec<&'a str> {
+    logs.lines()
+        .filter(|l| l.contains(" ERROR ") && l.contains(needle))
+        .collect()
+}
+
+/// `run` as a role without the grants: an ERROR naming what the role lacks and the GRANT that
+/// gives it, as `check` says it, once however often it retries, and not the misleading "LISTEN
+/// connection lost"; once granted, it delivers. `status` says the database's error once, with the
+/// same hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_the_grants_is_told_the_grant_once_and_the_relay_retries() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute("CREATE ROLE ungranted LOGIN")
+        .await
+        .unwrap();
+    let url = env.db.url().replace("user=postgres", "user=ungranted");
+    const GRANT: &str = "GRANT fga_outbox_relay TO ungranted";
+
+    let out = env
+        .command(&["status"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("permission denied").count(), 1, "{err}");
+    assert!(err.contains(GRANT) && err.contains("sql --roles"), "{err}");
+    // The other commands, too, say the database's error once.
+    let out = env
+        .command(&["prune", "--older-than", "0s"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("permission denied").count(), 1, "{err}");
+
+    let relay = env.spawn_relay(&[("DATABASE_URL", &url)]);
+    // It retries: each retry is a new LISTEN connection, said at debug.
+    relay.wait_for_log_count("LISTEN connection up", 1).await;
+    relay
+        .wait_for_log_count("LISTEN connection reconnected", 3)
+        .await;
+    let logs = relay.logs();
+    let said = errors_with(&logs, "cannot ask for leadership");
+    assert_eq!(said.len(), 1, "said once, not at every retry:\n{logs}");
+    assert!(
+        said[0].contains("SELECT, INSERT, UPDATE on fga_outbox_leader") && said[0].contains(GRANT),
+        "{}",
+        said[0]
+    );
+    assert!(
+        !logs.contains("LISTEN connection lost soon after it opened"),
+        "{logs}"
+    );
+
+    let roles = env.command(&["sql", "--roles"]).output().unwrap();
+    admin
+        .batch_execute(&String::from_utf8(roles.stdout).unwrap())
+        .await
+        .unwrap();
+    admin.batch_execute(GRANT).await.unwrap();
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(id).await;
+}
+
+/// A wrong password: an ERROR naming the role (never the password, never the connection
+/// string), once however often it retries; the relay keeps retrying, and starts once the
+/// password is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_password_is_an_error_naming_the_role_and_the_relay_retries() {
+    let (env, port) = password_checked(crate::common::fga::Fga::start()).await;
+    const WRONG: &str = "wr0ng-Secret";
+    let url = format!("postgresql://relay:{WRONG}@127.0.0.1:{port}/postgres");
+    let mut c = env.command(&["run"]);
+    c.env("DATABASE_URL", &url);
+    let relay = RelayProc::spawn(c);
+    // Three attempts, each refused.
+    relay
+        .wait_for_log_count("password authentication failed", 3)
+        .await;
+    let logs = relay.logs();
+    let said = errors_with(&logs, "does not let the role relay in");
+    assert_eq!(said.len(), 1, "said once, not at every retry:\n{logs}");
+    assert!(said[0].contains("28P01"), "{}", said[0]);
+    assert!(
+        !logs.contains(WRONG) && !logs.contains(PASSWORD) && !logs.contains("postgresql://"),
+        "{logs}"
+    );
+
+    env.db
+        .connect()
+        .await
+        .batch_execute(&format!("ALTER ROLE relay PASSWORD '{WRONG}'"))
+        .await
+        .unwrap();
+    wait_until(
+        PROMPTLY * 2,
+        "the relay leads with the password",
+        || async { relay.logs().contains("delivering (leader)") },
+    )
+    .await;
+
+    // The password changed under a running relay, its sessions ended: its reconnects are refused,
+    // said once as it retries.
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(
+            "ALTER ROLE relay PASSWORD 'An0ther'; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+              WHERE application_name LIKE 'fga-relay run%'",
+        )
+        .await
+        .unwrap();
+    let refused = relay
+        .logs()
+        .matches("password authentication failed")
+        .count();
+    relay
+        .wait_for_log_count("password authentication failed", refused + 3)
+        .await;
+    let logs = relay.logs();
+    let said = errors_with(&logs, "cannot open the LISTEN connection");
+    assert_eq!(said.len(), 1, "said once, not at every retry:\n{logs}");
+    assert!(
+        said[0].contains("does not let the role relay in"),
+        "{}",
+        said[0]
+    );
+}
+
+/// With no `DATABASE_URL`, no `PG*` variable and no server at libpq's default sockets: the
+/// command says that no database is configured, and which sockets it tried.
+#[test]
+fn no_database_configured_is_said_with_the_sockets_tried() {
+    const SOCKETS: [&str; 2] = ["/var/run/postgresql/.s.PGSQL.5432", "/tmp/.s.PGSQL.5432"];
+    for socket in SOCKETS {
+        assert!(
+            !std::path::Path::new(socket).exists(),
+            "a PostgreSQL of this machine listens at {socket}: this test needs libpq's default \
+             sockets free"
+        );
+    }
+    for command in [&["status"][..], &["migrate"]] {
+        // Nothing but PATH: no DATABASE_URL, no PG* variable.
+        let out =
+            crate::common::relay::command(std::path::Path::new(crate::common::relay::BIN), command)
+                .output()
+                .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {err}");
+        assert!(
+            err.contains("no database is configured")
+                && SOCKETS.iter().all(|s| err.contains(s))
+                && err.contains("set DATABASE_URL"),
+            "{command:?}: {err}"
+        );
+    }
+}
+
+/// An OpenFGA URL written as a listen address, `host:port`: exit 2, and the URL it was meant to
+/// be.
+#[test]
+fn an_api_url_without_its_scheme_is_answered_with_the_url_it_meant() {
+    for command in ["run", "check"] {
+        let out = crate::common::relay::command(
+            std::path::Path::new(crate::common::relay::BIN),
+            &[command],
+        )
+        .env("FGA_API_URL", "127.0.0.1:18080")
+        .env("FGA_STORE_ID", "01HZZZZZZZZZZZZZZZZZZZZZZZ")
+        .output()
+        .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{command}: {said}");
+        assert!(
+            said.contains("FGA_API_URL") && said.contains("\"http://127.0.0.1:18080\""),
+            "{command}: {said}"
+        );
+    }
+}
+
+/// https:// against OpenFGA's plain-HTTP port: `check` and `run` say that the server did not
+/// answer in TLS, not only rustls' "corrupt message"; and so for a token issuer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_against_a_plain_http_port_says_the_server_did_not_answer_in_tls() {
+    let env = Env::start().await;
+    let https = env.fga.url().replacen("http://", "https://", 1);
+    const SAID: &str = "the server did not answer in TLS";
+    let out = env
+        .command(&["check"])
+        .env("FGA_API_URL", &https)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("openfga:"))
+        .unwrap_or_else(|| panic!("no openfga line:\n{stdout}"));
+    assert!(line.starts_with("FAIL") && line.contains(SAID), "{line}");
+
+    let relay = env.spawn_relay(&[("FGA_API_URL", &https)]);
+    relay.wait_for_log(SAID).await;
+
+    // The token issuer is reached the same way.
+    let out = env
+        .command(&["check"])
+        .envs([
+            ("FGA_CLIENT_ID", "relay"),
+            ("FGA_CLIENT_SECRET", "s3cret"),
+            ("FGA_API_TOKEN_ISSUER", https.as_str()),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("openfga:"))
+        .unwrap_or_else(|| panic!("no openfga line:\n{stdout}"));
+    assert!(line.starts_with("FAIL") && line.contains(SAID), "{line}");
+}
+
+/// A store without an authorization model: `run` says so at start, at ERROR, in `check`'s words,
+/// with no row to deliver yet (not only later, row by row), and starts anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_a_model_is_said_at_start() {
+    let env = Env::with_fga(crate::common::fga::Fga::builder().no_model().start()).await;
+    let mut relay = env.spawn_relay(&[]);
+    relay
+        .wait_for_log("the store has no authorization model: write one (fga model write)")
+        .await;
+    let logs = relay.logs();
+    assert_eq!(
+        errors_with(&logs, "no authorization model").len(),
+        1,
+        "{logs}"
+    );
+    relay.wait_for_log("delivering (leader)").await;
+    assert!(relay.is_running());
+    assert_eq!(env.fga.write_count(), 0, "a start writes nothing");
+
+    let env = Env::start().await;
+    let relay = env.spawn_relay(&[]);
+    relay
+        .wait_for_log("OpenFGA authorization model found")
+        .await;
+    assert!(!relay.logs().contains(" ERROR "), "{}", relay.logs());
+}
