@@ -20,15 +20,16 @@
 //!   tokens and their cache (`auth`), the store's id and the check at start (`store`), what each
 //!   answer means (`classify`), the Write body (`write_body`), the Read page (`read_page`) and
 //!   `Retry-After` (`retry_after`).
-//! - [`delivery`]: one pass over the pending rows: batching, the per-tuple order rule, retries,
-//!   isolation of bad rows, dead letters.
+//! - [`delivery`]: one continuous stream over the pending rows, with a lane per store: batching,
+//!   the per-tuple order rule, retries, isolation of bad rows and failing stores, dead letters.
+//! - [`wake`]: how the stream hears of new rows (notifications, the sweep) and why it read.
 //! - [`listener`]: the dedicated connection: LISTEN, heartbeat, leadership and wake locks.
 //! - [`send_window`]: until when a Write may leave (the lease by the leader's own clock),
 //!   asked by each Write's body as the connection writes it.
 //! - [`leadership`]: leadership as a lease: renewal, takeover of a stale leader, the fence;
 //!   [`lease_clock`]: the clock the lease runs on, which counts suspended time.
-//! - [`relay`]: the `run` and `drain` loops around delivery passes; [`pass_log`]: what they say
-//!   about each pass (the first delivery after start at info).
+//! - [`relay`]: `run` and `drain`: leadership around the delivery stream; [`pass_log`]: what
+//!   they say about what it did (the first delivery after start at info).
 //! - [`reconcile`]: the delivered rows against what OpenFGA holds, streamed; repair via the
 //!   outbox. One file each for its session's SQL (`db`), reading OpenFGA back (`read`), the
 //!   comparison (`compare`), the report (`report`), progress and peak memory (`progress`), and

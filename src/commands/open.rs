@@ -219,6 +219,7 @@ pub(super) async fn build_relay(
         terms: Default::default(),
         pooler: Default::default(),
         passes: Default::default(),
+        problems: Default::default(),
     };
     Ok((relay, registry))
 }

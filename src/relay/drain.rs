@@ -91,7 +91,10 @@ impl Relay {
                 Err(e) => return Err(e),
             };
             if left == 0 {
-                info!(rows = at_start, "drained");
+                info!(
+                    rows = at_start,
+                    "none of the rows pending at the start is pending now (delivered or dead)"
+                );
                 return Ok(());
             }
             if timer.is_cancelled() || shutdown.is_cancelled() {

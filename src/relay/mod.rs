@@ -67,6 +67,8 @@ pub struct Relay {
     pub pooler: Arc<PoolerCheck>,
     /// What it has said about its passes (the first delivery is logged at info).
     pub passes: PassLog,
+    /// When each problem that does not heal by itself was last said (see `db::hint`).
+    pub problems: Recurring,
 }
 
 /// What a relay process remembers of its own terms of leadership across reconnects.
@@ -273,7 +275,7 @@ impl Relay {
         let mut failures = 0u32;
         let mut connected_before = false;
         // What does not heal by itself is said at ERROR, once a minute (see `db::hint`).
-        let recurring = Recurring::default();
+        let recurring = &self.problems;
         while !shutdown.is_cancelled() {
             self.liveness.beat();
             let session = match self.connect(true).await {
@@ -289,7 +291,7 @@ impl Relay {
                         "cannot open the LISTEN connection",
                         &why,
                         Some(wait),
-                        &recurring,
+                        recurring,
                     );
                     if !self.nap(wait, &[&shutdown]).await {
                         break;
@@ -311,7 +313,7 @@ impl Relay {
 
             // Whether the session ended on an error already said, with its cause.
             let mut said = false;
-            let end = match self.stand_by(&session, &shutdown, &recurring).await {
+            let end = match self.stand_by(&session, &shutdown, recurring).await {
                 Ok(Some(taken)) => self.lead(&session, taken, &mut deliverer, &shutdown).await,
                 Ok(None) => LeadEnd::Shutdown,
                 Err(lasting) => {
@@ -566,7 +568,22 @@ impl Relay {
     ) -> bool {
         *failures += 1;
         let wait = DB_BACKOFF.delay(*failures);
-        warn!(error = %e, retry_in = ?wait, "database error while draining");
+        match e {
+            // A missing grant or a refused password does not heal by itself: said at ERROR
+            // with the next step, once a minute.
+            crate::store::StoreError::Db(pg) => {
+                let why = self.explain(pg).await;
+                hint::log(
+                    "database error while delivering",
+                    &why,
+                    Some(wait),
+                    &self.problems,
+                );
+            }
+            crate::store::StoreError::Pool(_) => {
+                warn!(error = %e, retry_in = ?wait, "database error while delivering")
+            }
+        }
         self.nap(wait, stop).await
     }
 }

@@ -58,8 +58,8 @@ async fn a_row_with_a_null_created_at_in_an_adopted_table_does_not_stop_delivery
             let logs = relay.logs();
             stuck.push(format!(
                 "{column} NULL in one row: the others flowed: {flowed}, that row delivered \
-                 {delivered}, dead {dead}, `database error while draining` lines: {}, last: {:?}",
-                logs.matches("database error while draining").count(),
+                 {delivered}, dead {dead}, `database error while delivering` lines: {}, last: {:?}",
+                logs.matches("database error while delivering").count(),
                 logs.lines().last().unwrap_or("")
             ));
         }
