@@ -72,9 +72,12 @@ async fn a_held_malformed_row_bars_its_store_and_no_other() {
     let grant = env
         .insert(writes(&[tk("user:anne", "viewer", "document:a")]))
         .await;
-    let mut other = writes(&[tk("user:other", "viewer", "document:o")]);
-    other["store_id"] = serde_json::json!(elsewhere);
-    let other = env.insert(other).await;
+    let other = env
+        .insert(crate::stores::in_store(
+            writes(&[tk("user:other", "viewer", "document:o")]),
+            &elsewhere,
+        ))
+        .await;
     wait_until(PROMPTLY, "another store's row is delivered", || async {
         env.row(other).await.delivered
     })

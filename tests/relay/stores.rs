@@ -20,7 +20,7 @@ use std::time::Duration;
 const NO_SUCH_ID: &str = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
 
 /// `payload`, naming `store`.
-fn in_store(mut payload: Value, store: &str) -> Value {
+pub(crate) fn in_store(mut payload: Value, store: &str) -> Value {
     payload["store_id"] = json!(store);
     payload
 }

@@ -6,14 +6,8 @@
 use crate::common::fga::{Fault, FaultRule, Op};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{Env, deletes, insert_with, tk, wait_until, writes};
-use serde_json::{Value, json};
+use crate::stores::in_store;
 use std::time::{Duration, Instant};
-
-/// `payload`, naming `store`.
-fn in_store(mut payload: Value, store: &str) -> Value {
-    payload["store_id"] = json!(store);
-    payload
-}
 
 /// A row committed while a Write is in flight is read and sent at once, beside it: it does not
 /// wait for that Write to be answered.
