@@ -106,12 +106,12 @@ impl Lanes {
     }
 
     /// Whether `target`'s store may have no more Writes in flight now: one failing (its last
-    /// Write failed) sends one Write at a time, to find out whether it is back, and leaves the
-    /// rest of the window to the stores that work.
-    pub(super) fn probing(&self, target: &Target) -> bool {
+    /// Write failed) has at most `limit` in flight, to find out whether it is back (each of its
+    /// rows tried in turn), and leaves the rest of the window to the stores that work.
+    pub(super) fn probing(&self, target: &Target, limit: usize) -> bool {
         self.lanes
             .get(&target.store)
-            .is_some_and(|l| l.streak > 0 && l.flying > 0)
+            .is_some_and(|l| l.streak > 0 && l.flying >= limit.max(1))
     }
 
     /// Whether `target`'s store was working (its last Write did not fail).

@@ -154,7 +154,7 @@ impl Core {
                 stuck += 1;
                 continue;
             }
-            if self.lanes.probing(&c.target)
+            if self.lanes.probing(&c.target, self.window() / 2)
                 || c.hashes
                     .iter()
                     .any(|h| self.in_flight.contains_key(h) || waiting.contains(h))
