@@ -30,6 +30,7 @@ mod signals;
 mod stores;
 mod stream;
 mod summary;
+mod upgrade;
 mod version;
 mod wait;
 mod writers;
