@@ -184,7 +184,7 @@ impl Lanes {
         let now = Instant::now();
         let mut closed = Vec::new();
         for (store, lane) in &self.lanes {
-            if !lane.held_until.is_some_and(|t| t > now) {
+            if lane.held_until.is_none_or(|t| t <= now) {
                 continue;
             }
             match store {
