@@ -68,14 +68,24 @@ impl Env {
 
     /// `fga-relay ARGS` with this environment (nothing inherited from the test's own but PATH).
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut c = command(Path::new(BIN), args);
+        self.command_of(Path::new(BIN), args)
+    }
+
+    /// As [`Env::command`], with another build of the relay (an earlier release, for upgrades).
+    pub fn command_of(&self, bin: &Path, args: &[&str]) -> Command {
+        let mut c = command(bin, args);
         c.envs(self.vars());
         c
     }
 
     /// Starts `fga-relay run`, with extra environment on top of [`Env::vars`].
     pub fn spawn_relay(&self, extra: &[(&str, &str)]) -> RelayProc {
-        let mut c = self.command(&["run"]);
+        self.spawn_relay_of(Path::new(BIN), extra)
+    }
+
+    /// As [`Env::spawn_relay`], with another build of the relay.
+    pub fn spawn_relay_of(&self, bin: &Path, extra: &[(&str, &str)]) -> RelayProc {
+        let mut c = self.command_of(bin, &["run"]);
         for (k, v) in extra {
             c.env(k, v);
         }

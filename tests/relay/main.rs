@@ -31,6 +31,7 @@ mod signals;
 mod stores;
 mod stream;
 mod summary;
+mod upgrade;
 mod version;
 mod wait;
 mod writers;
