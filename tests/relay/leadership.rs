@@ -42,6 +42,18 @@ fn assert_sent_nothing_after(fga: &Fga, key: &str, since: Instant) {
         late.len(),
         late.iter().map(|w| &w.body).collect::<Vec<_>>()
     );
+    // Not even begun: a Write whose body the lease check at the connection cut short still
+    // opened a request.
+    let bearer = format!("Bearer {key}");
+    let begun = fga
+        .write_heads()
+        .into_iter()
+        .filter(|(at, auth)| *at > since && auth.as_deref() == Some(bearer.as_str()))
+        .count();
+    assert_eq!(
+        begun, 0,
+        "the replaced leader began {begun} Write request(s) after it was stopped"
+    );
 }
 
 /// Waits until the relay given preshared key `key` has sent `n` Writes, then stops it (SIGSTOP).

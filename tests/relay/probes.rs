@@ -186,3 +186,33 @@ async fn a_liveness_timeout_below_the_longest_step_exits_2() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("FGA_RELAY_LIVENESS_TIMEOUT"), "{stderr}");
 }
+
+/// OpenFGA hung as a whole (every request: Writes, store lookups, reads) while a row is pending:
+/// the relay, at the shortest liveness timeout its settings allow, stays live for more than twice
+/// that timeout (it is waiting, bounded by its request timeout, not stuck), and delivers once
+/// OpenFGA answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_waiting_on_a_hung_openfga_stays_live() {
+    let env = Env::start().await;
+    let (relay, base) = env
+        .spawn_relay_with_endpoint(&[("FGA_RELAY_LIVENESS_TIMEOUT", "5s")])
+        .await;
+    relay.wait_for_log("delivering (leader)").await;
+    env.fga.set_hanging(true);
+    let id = env
+        .insert(writes(&[tk("user:hung", "viewer", "document:h")]))
+        .await;
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(12) {
+        assert_eq!(
+            get(&format!("{base}/livez")).await.0,
+            200,
+            "not live {:?} into OpenFGA hanging; relay log:\n{}",
+            since.elapsed(),
+            relay.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    env.fga.set_hanging(false);
+    env.wait_delivered(id).await;
+}

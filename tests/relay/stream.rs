@@ -17,8 +17,11 @@ use std::time::{Duration, Instant};
 async fn a_row_committed_while_a_write_flies_goes_at_once() {
     let env = Env::start().await;
     env.fga.push_fault(
-        FaultRule::times(Fault::Delay(Duration::from_secs(4)), 1)
-            .when_tuple("user:slow", "viewer", "document:1"),
+        FaultRule::times(Fault::Delay(Duration::from_secs(4)), 1).when_tuple(
+            "user:slow",
+            "viewer",
+            "document:1",
+        ),
     );
     let relay = env.spawn_relay(&[
         ("FGA_RELAY_REQUEST_TIMEOUT", "10s"),

@@ -358,6 +358,19 @@ impl Fga {
         self.proxy.state().random = faults;
     }
 
+    /// When each Write request's head arrived, with its raw `Authorization` header: Writes a
+    /// relay began and did not finish (its body cut short) count too.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn write_heads(&self) -> Vec<(std::time::Instant, Option<String>)> {
+        self.proxy.state().heads.clone()
+    }
+
+    /// `true`: every request but `/healthz` hangs, never answered (OpenFGA hung as a whole).
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn set_hanging(&self, hanging: bool) {
+        self.proxy.state().hanging = hanging;
+    }
+
     /// A delay the proxy adds to every write no fault matched. `None`: none.
     #[allow(dead_code)] // used by some test binaries only
     pub fn set_latency(&self, latency: Option<Latency>) {

@@ -35,6 +35,12 @@ pub(super) struct ProxyState {
     pub(super) random: Option<RandomFaults>,
     pub(super) latency: Option<Latency>,
     pub(super) body_limit: Option<usize>,
+    /// Every Write request as its head arrived (before its body, which a leader may cut short):
+    /// when, and its raw `Authorization` header.
+    pub(super) heads: Vec<(Instant, Option<String>)>,
+    /// Every request but `/healthz` hangs, never answered: OpenFGA (and whatever is in front of
+    /// it) hung as a whole, its store lookups and reads as well as its Writes.
+    pub(super) hanging: bool,
 }
 
 impl Proxy {
@@ -203,9 +209,21 @@ async fn handle(
     request: Request,
 ) -> Response<Body> {
     let (parts, body) = request.into_parts();
+    if is_write(parts.method.as_str(), parts.uri.path()) {
+        let auth = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        proxy.state().heads.push((Instant::now(), auth));
+    }
     let body = axum::body::to_bytes(body, usize::MAX)
         .await
         .unwrap_or_default();
+    if parts.uri.path() != "/healthz" && proxy.state().hanging {
+        // Ends when the connection is dropped (`set_refusing`, or the `Fga` dropped).
+        std::future::pending::<()>().await;
+    }
     let path = parts
         .uri
         .path_and_query()
