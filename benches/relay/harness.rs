@@ -292,9 +292,9 @@ impl Bench {
     }
 
     /// `BEGIN; EXPLAIN (ANALYZE, BUFFERS) <the claim>; ROLLBACK` with the relay's parameters
-    /// (first page, batch 500, no sequential scans), as a generic plan: the relay runs the claim
-    /// as a prepared statement, and after five executions PostgreSQL settles on the generic plan
-    /// when it is no dearer than the custom ones.
+    /// (no rows in hand, no store left out, batch 500, no sequential scans), as a generic plan:
+    /// the relay runs the claim as a prepared statement, and after five executions PostgreSQL
+    /// settles on the generic plan when it is no dearer than the custom ones.
     pub(crate) async fn explain_claim(&self) -> Result<String> {
         let body: String = CLAIM_SQL
             .lines()
@@ -304,14 +304,13 @@ impl Bench {
         self.admin
             .batch_execute(&format!(
                 "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; \
-                 SET LOCAL enable_seqscan = off; PREPARE bench_claim(bigint, bigint) AS {body}"
+                 SET LOCAL enable_seqscan = off; PREPARE bench_claim(bigint[], text[], bigint) AS {body}"
             ))
             .await?;
         let rows = self
             .admin
             .simple_query(&format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim({}, {BATCH})",
-                i64::MIN
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim('{{}}', '{{}}', {BATCH})"
             ))
             .await;
         let cleanup = self.admin.batch_execute("ROLLBACK; DEALLOCATE ALL").await;
