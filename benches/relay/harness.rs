@@ -35,6 +35,8 @@ pub(crate) struct Bench {
     /// pg_stat_activity tell the relay's statements and sessions from the bench's.
     pub(crate) relay_url: String,
     pub(crate) postmaster: u32,
+    /// The bench's own session's pid ([`Bench::admin`]'s).
+    pub(crate) admin_backend: u32,
     /// Where to write the profile of the next burn-down, if asked for.
     pub(crate) perf: std::sync::Mutex<Option<PathBuf>>,
 }
@@ -75,6 +77,10 @@ impl Bench {
             .context("set up the bench's database")?;
         let relay_url = db.url().replace("user=postgres", "user=fga_relay");
         let postmaster = postmaster_of(&admin).await?;
+        let admin_backend: i32 = admin
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
         let fga_db = TestDb::start_with(PgOptions {
             durable: true,
             ..PgOptions::default()
@@ -92,6 +98,7 @@ impl Bench {
             relay_env: args.relay_env.clone(),
             relay_url,
             postmaster,
+            admin_backend: admin_backend as u32,
             perf: std::sync::Mutex::new(args.perf.clone()),
         };
         bench.migrate()?;
@@ -286,6 +293,7 @@ impl Bench {
         Ok(CpuSnap::take(
             relay,
             &backends,
+            self.admin_backend,
             [self.postmaster, self.fga_postmaster],
             pgbench,
         ))
