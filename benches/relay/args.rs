@@ -17,7 +17,8 @@ pub(crate) struct Args {
     /// Single-row commits measured in each latency run [1000; smoke 40].
     #[arg(long)]
     pub(crate) latency_commits: Option<usize>,
-    /// Commits per second in the latency runs [200].
+    /// Commits per second in the latency runs [200] (the real scenario's run at 200 and at
+    /// 1,000/s).
     #[arg(long)]
     pub(crate) latency_rate: Option<u32>,
     /// Rows in the burn-down backlog, 2 tuples each [100000; smoke 2000].
@@ -70,6 +71,10 @@ pub(crate) struct Args {
     /// Rows (2 tuples each) of each burn-down of the stores scenario [100000; smoke 2000].
     #[arg(long)]
     pub(crate) stores_backlog: Option<usize>,
+    /// CPUs' worth of time per period OpenFGA and its PostgreSQL get in the real scenario's
+    /// confined runs (a cgroup's CPU quota, over a period of 100 ms) [1.2].
+    #[arg(long)]
+    pub(crate) fga_cpus: Option<f64>,
     /// Seconds the idle relay is watched [60; smoke 3].
     #[arg(long)]
     pub(crate) idle_seconds: Option<u64>,
@@ -146,6 +151,8 @@ pub(crate) struct Sizes {
     /// Stores the stores scenario spreads its rows over, and its rows.
     pub(crate) stores: usize,
     pub(crate) stores_backlog: usize,
+    /// The CPU quota of OpenFGA and its PostgreSQL in the real scenario's confined runs.
+    pub(crate) fga_cpus: f64,
 }
 
 impl Sizes {
@@ -205,6 +212,7 @@ impl Sizes {
                 .stores_backlog
                 .unwrap_or(if s { 2_000 } else { 100_000 })
                 .max(1),
+            fga_cpus: a.fga_cpus.unwrap_or(1.2),
         }
     }
 }

@@ -17,9 +17,8 @@
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
 //! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `wait`,
-//! `idle`, `baseline`, `real`, `stores`); `cpu.rs`
-//! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
-//! prints the table.
+//! `idle`, `baseline`, `real` with its latency runs in `real_latency.rs`, `stores`); `cpu.rs` (`/proc`), `cgroup.rs` (a CPU quota), `pgbench.rs`, `explain.rs`,
+//! `stats.rs` are what they measure with; `summary.rs` prints the table.
 
 // The tests' helpers the bench runs on (TLS and the freezing proxy serve only the tests). The
 // bench uses a part of each; what no test uses either is reported by the test targets.
@@ -36,6 +35,7 @@ mod common {
 mod args;
 mod baseline;
 mod burndown;
+mod cgroup;
 mod cpu;
 mod dead;
 mod explain;
@@ -46,6 +46,7 @@ mod latency;
 mod linger;
 mod pgbench;
 mod real;
+mod real_latency;
 mod speed;
 mod stats;
 mod stores;
