@@ -75,6 +75,14 @@ pub(crate) struct Args {
     /// confined runs (a cgroup's CPU quota, over a period of 100 ms) [1.2].
     #[arg(long)]
     pub(crate) fga_cpus: Option<f64>,
+    /// Pending rows (2 tuples each) of the failing store in the isolation scenario [100000;
+    /// smoke 3000].
+    #[arg(long)]
+    pub(crate) isolation_backlog: Option<usize>,
+    /// Seconds the isolation scenario commits the healthy store's rows, one every 0.5 s [600;
+    /// smoke 10].
+    #[arg(long)]
+    pub(crate) isolation_seconds: Option<u64>,
     /// Seconds the idle relay is watched [60; smoke 3].
     #[arg(long)]
     pub(crate) idle_seconds: Option<u64>,
@@ -116,6 +124,7 @@ pub(crate) enum Scenario {
     Baseline,
     Real,
     Stores,
+    Isolation,
 }
 
 /// The sizes of one run, from the flags, `--smoke` and the defaults.
@@ -153,6 +162,8 @@ pub(crate) struct Sizes {
     pub(crate) stores_backlog: usize,
     /// The CPU quota of OpenFGA and its PostgreSQL in the real scenario's confined runs.
     pub(crate) fga_cpus: f64,
+    pub(crate) isolation_backlog: usize,
+    pub(crate) isolation_seconds: u64,
 }
 
 impl Sizes {
@@ -213,6 +224,13 @@ impl Sizes {
                 .unwrap_or(if s { 2_000 } else { 100_000 })
                 .max(1),
             fga_cpus: a.fga_cpus.unwrap_or(1.2),
+            isolation_backlog: a
+                .isolation_backlog
+                .unwrap_or(if s { 3_000 } else { 100_000 }),
+            isolation_seconds: a
+                .isolation_seconds
+                .unwrap_or(if s { 10 } else { 600 })
+                .max(1),
         }
     }
 }

@@ -248,3 +248,16 @@ impl CpuUse {
         )
     }
 }
+
+/// A process's resident memory, in KiB (`VmRSS` in `/proc/<pid>/status`); `None` when it is
+/// gone.
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

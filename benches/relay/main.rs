@@ -17,7 +17,8 @@
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
 //! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `wait`,
-//! `idle`, `baseline`, `real` with its latency runs in `real_latency.rs`, `stores`); `cpu.rs` (`/proc`), `cgroup.rs` (a CPU quota), `pgbench.rs`, `explain.rs`,
+//! `idle`, `baseline`, `real` with its latency runs in `real_latency.rs`, `stores`,
+//! `isolation`); `cpu.rs` (`/proc`), `cgroup.rs` (a CPU quota), `pgbench.rs`, `explain.rs`,
 //! `stats.rs` are what they measure with; `summary.rs` prints the table.
 
 // The tests' helpers the bench runs on (TLS and the freezing proxy serve only the tests). The
@@ -42,6 +43,7 @@ mod explain;
 mod harness;
 mod history;
 mod idle;
+mod isolation;
 mod latency;
 mod linger;
 mod pgbench;
@@ -87,6 +89,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Baseline,
         Scenario::Real,
         Scenario::Stores,
+        Scenario::Isolation,
     ];
     let chosen: Vec<Scenario> = if args.only.is_empty() {
         all.to_vec()
@@ -113,6 +116,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),
             Scenario::Real => results.real = Some(bench.real(&sizes).await?),
             Scenario::Stores => results.stores = Some(bench.stores(&sizes).await?),
+            Scenario::Isolation => results.isolation = Some(bench.isolation(&sizes).await?),
         }
         println!("({scenario:?}: {:.1} s)", t.elapsed().as_secs_f64());
     }

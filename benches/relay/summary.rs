@@ -7,6 +7,7 @@ use crate::dead::DeadPile;
 use crate::explain::{exec_ms, top_buffers};
 use crate::history::History;
 use crate::idle::IdleResult;
+use crate::isolation::IsolationResult;
 use crate::latency::LatencyResult;
 use crate::linger::LingerRow;
 use crate::real::{Ceiling, Real};
@@ -30,6 +31,7 @@ pub(crate) struct Results {
     pub(crate) baseline: Option<BaselineResult>,
     pub(crate) real: Option<Real>,
     pub(crate) stores: Option<StoresResult>,
+    pub(crate) isolation: Option<IsolationResult>,
 }
 
 pub(crate) fn verdict(ok: bool) -> &'static str {
@@ -388,6 +390,40 @@ impl Results {
                 writes_per_row(&r.spread),
                 writes_per_row(&r.one),
                 self.verdict(sizes, r.ratio() >= 0.9)
+            );
+        }
+        if let Some(i) = &self.isolation {
+            let mib = |k: u64| k as f64 / 1024.0;
+            println!(
+                "| isolation: a store failing with {} pending rows; another store's rows, one every 0.5 s for {} s, commit → OpenFGA answered | p50 {} ms, p99 {} ms, max {} ms ({} rows, {} never delivered) | p99 ≤ 1 s | {} |",
+                i.backlog,
+                i.secs,
+                ms(i.latency.p50),
+                ms(i.latency.p99),
+                ms(i.latency.max),
+                i.commits,
+                i.undelivered,
+                self.verdict(sizes, i.undelivered == 0 && i.latency.p99 <= 1_000.0)
+            );
+            println!(
+                "| isolation: the relay's RSS over the run | first {:.1} MiB, max {:.1} MiB, last {:.1} MiB | flat | {} |",
+                mib(i.rss_first()),
+                mib(i.rss_max()),
+                mib(i.rss_last()),
+                self.verdict(sizes, i.rss_flat())
+            );
+            println!(
+                "| isolation: CPU over the run (100% = a core) | relay {:.1}%, the outbox's PostgreSQL {:.1}% (its sessions {:.1}%); the failing store: {} Writes; rows pending at the end {}, dead-lettered {} | | |",
+                i.relay_pct(),
+                i.outbox_pg_pct(),
+                i.cpu.relay_pg / i.cpu.wall.max(1e-9) * 100.0,
+                i.failing_writes,
+                i.pending,
+                i.dead
+            );
+            println!(
+                "| (load at the end of the isolation scenario) | {} | | |",
+                i.load
             );
         }
     }
