@@ -102,7 +102,7 @@ async fn run(args: Args) -> Result<()> {
     let mut results = Results::default();
     for scenario in chosen {
         let t = Instant::now();
-        println!("\n=== {scenario:?} ===");
+        println!("\n=== {scenario:?} === (load average {})", loadavg());
         match scenario {
             Scenario::Latency => results.latency = Some(bench.latency(&sizes).await?),
             Scenario::Burndown => results.burndown = Some(bench.burndown(&sizes).await?),
@@ -118,7 +118,11 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Stores => results.stores = Some(bench.stores(&sizes).await?),
             Scenario::Isolation => results.isolation = Some(bench.isolation(&sizes).await?),
         }
-        println!("({scenario:?}: {:.1} s)", t.elapsed().as_secs_f64());
+        println!(
+            "({scenario:?}: {:.1} s; load average {})",
+            t.elapsed().as_secs_f64(),
+            loadavg()
+        );
     }
     results.print_summary(&sizes);
     println!(
