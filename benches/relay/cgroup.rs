@@ -17,7 +17,8 @@ const PERIOD_US: u64 = 100_000;
 pub(crate) struct CpuQuota {
     /// The cgroup's directory.
     dir: PathBuf,
-    /// The bench's own cgroup, where the processes go back to.
+    /// The bench's own cgroup, where the processes go back to (the hierarchy's root when the
+    /// bench's path is not found under the mount, as in a container without a namespace).
     home: PathBuf,
     /// Its path in the hierarchy, as `/proc/PID/cgroup` shows it.
     name: String,
@@ -70,7 +71,9 @@ impl CpuQuota {
         let v1 = Path::new("/sys/fs/cgroup/cpu");
         if v1.join("cpu.cfs_quota_us").exists() {
             let home = cgroup_of("self", Some("cpu")).unwrap_or_else(|| "/".into());
-            let home = v1.join(home.trim_start_matches('/'));
+            let home = Some(v1.join(home.trim_start_matches('/')))
+                .filter(|h| h.exists())
+                .unwrap_or_else(|| v1.to_owned());
             let dir = v1.join(&name);
             std::fs::create_dir(&dir)
                 .with_context(|| format!("create the cgroup {}", dir.display()))?;
@@ -99,7 +102,9 @@ impl CpuQuota {
         }
         write(&root.join("cgroup.subtree_control"), "+cpu")?;
         let home = cgroup_of("self", None).unwrap_or_else(|| "/".into());
-        let home = root.join(home.trim_start_matches('/'));
+        let home = Some(root.join(home.trim_start_matches('/')))
+            .filter(|h| h.exists())
+            .unwrap_or_else(|| root.clone());
         let dir = root.join(&name);
         std::fs::create_dir(&dir)
             .with_context(|| format!("create the cgroup {}", dir.display()))?;
