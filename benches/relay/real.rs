@@ -27,7 +27,7 @@ use crate::stats::Dist;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -166,27 +166,6 @@ async fn bare(
         secs,
         write,
     })
-}
-
-/// `n` single-tuple operations at `rate` a second, each started on schedule (the i-th at
-/// t0 + i/rate, however long the others take): `act(i)` is timed from its start.
-pub(crate) async fn steadily<F, Fut>(n: usize, rate: u32, act: F) -> Result<Dist>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<f64>> + Send + 'static,
-{
-    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
-    let start = tokio::time::Instant::now() + Duration::from_millis(20);
-    let mut tasks = JoinSet::new();
-    for i in 0..n {
-        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
-        tasks.spawn(act(i));
-    }
-    let mut ms = Vec::new();
-    while let Some(done) = tasks.join_next().await {
-        ms.push(done??);
-    }
-    Ok(Dist::of(ms))
 }
 
 impl Bench {

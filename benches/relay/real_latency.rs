@@ -12,11 +12,11 @@ use crate::args::Sizes;
 use crate::common::fga::{Fga, Latency};
 use crate::harness::Bench;
 use crate::latency::{commit_steadily, first_seen};
-use crate::real::steadily;
 use crate::stats::{Dist, ms};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
 
 /// One configuration of the latency runs: commits a second, and how long the proxy holds
 /// every Write.
@@ -61,6 +61,10 @@ pub(crate) struct RealLatency {
     pub(crate) relay_write: Dist,
     /// OpenFGA's own single-tuple Write, at the same rate, from the bare client.
     pub(crate) write: Dist,
+    /// The bare client's Writes OpenFGA did not accept (left out of `write`), and the first
+    /// such answer.
+    pub(crate) write_failed: usize,
+    pub(crate) write_error: Option<String>,
 }
 
 impl RealLatency {
@@ -72,11 +76,62 @@ impl RealLatency {
         )
     }
 
+    /// The bare client's Writes in flight on average (the rate × their mean time, Little's
+    /// law). Above the relay's window, OpenFGA could not keep up with one Write a commit: they
+    /// queued, and the comparison says nothing of the relay.
+    pub(crate) fn bare_in_flight(&self) -> f64 {
+        f64::from(self.config.rate) * self.write.mean / 1e3
+    }
+
+    pub(crate) fn bare_saturated(&self) -> bool {
+        self.bare_in_flight() > crate::real::DEFAULT_WINDOW as f64
+    }
+
     /// The target: ≤ 1 ms at p50, ≤ 3 ms at p99.
     pub(crate) fn met(&self) -> bool {
         let (p50, p99) = self.added();
         p50 <= 1.0 && p99 <= 3.0
     }
+}
+
+/// The bare client's run: each Write's round trip, and those that failed.
+struct Steady {
+    ms: Dist,
+    failed: usize,
+    first_error: Option<String>,
+}
+
+/// `n` single-tuple operations at `rate` a second, each started on schedule (the i-th at
+/// t0 + i/rate, however long the others take): `act(i)` is timed from its start. One that
+/// fails is counted, not waited for again: an overloaded OpenFGA answering a few Writes with
+/// its deadline must not end the whole run.
+async fn steadily<F, Fut>(n: usize, rate: u32, act: F) -> Result<Steady>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<f64>> + Send + 'static,
+{
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let start = tokio::time::Instant::now() + Duration::from_millis(20);
+    let mut tasks = JoinSet::new();
+    for i in 0..n {
+        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
+        tasks.spawn(act(i));
+    }
+    let (mut ms, mut failed, mut first_error) = (Vec::new(), 0, None);
+    while let Some(done) = tasks.join_next().await {
+        match done? {
+            Ok(t) => ms.push(t),
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+    }
+    Ok(Steady {
+        ms: Dist::of(ms),
+        failed,
+        first_error,
+    })
 }
 
 /// Whether OpenFGA's Check allows `user viewer object`.
@@ -173,7 +228,11 @@ impl Bench {
                 let t = Instant::now();
                 let answer = http.post(&url).json(&body).send().await?;
                 if !answer.status().is_success() {
-                    bail!("OpenFGA answered {}", answer.status());
+                    bail!(
+                        "OpenFGA answered {}: {}",
+                        answer.status(),
+                        answer.text().await.unwrap_or_default()
+                    );
                 }
                 Ok(t.elapsed().as_secs_f64() * 1e3)
             }
@@ -184,7 +243,9 @@ impl Bench {
             applied: Dist::of(applied),
             sent: Dist::of(sent),
             relay_write: Dist::of(round_trips),
-            write,
+            write: write.ms,
+            write_failed: write.failed,
+            write_error: write.first_error,
         };
         let (add50, add99) = r.added();
         println!(
@@ -199,6 +260,19 @@ impl Bench {
         );
         println!("    and those Writes at OpenFGA: {}", r.relay_write.line());
         println!("    OpenFGA's own Write (bare client): {}", r.write.line());
+        if r.bare_saturated() {
+            println!(
+                "    note: the bare client had {:.0} Writes in flight on average: OpenFGA did not \
+                 keep up with one Write a commit at {rate}/s, and its Writes queued",
+                r.bare_in_flight()
+            );
+        }
+        if let Some(e) = &r.write_error {
+            println!(
+                "    note: {} of the bare client's {n} Writes failed (left out); first: {e}",
+                r.write_failed
+            );
+        }
         println!(
             "    the relay adds {} ms at p50, {} ms at p99",
             ms(add50),

@@ -345,8 +345,19 @@ impl Results {
             );
             for l in &r.latency {
                 let (add50, add99) = l.added();
+                let mut failed = if l.write_failed > 0 {
+                    format!("; {} of its Writes failed, left out", l.write_failed)
+                } else {
+                    String::new()
+                };
+                if l.bare_saturated() {
+                    failed += &format!(
+                        "; it had {:.0} Writes in flight on average: OpenFGA did not keep up",
+                        l.bare_in_flight()
+                    );
+                }
                 println!(
-                    "| real OpenFGA: commit → OpenFGA answered the relay's Write, at {} | p50 {} ms, p99 {} ms; OpenFGA's Write (bare client, same rate, same proxy) p50 {} ms, p99 {} ms; the relay adds {} / {} ms | adds ≤ 1 ms p50, ≤ 3 ms p99 | {} |",
+                    "| real OpenFGA: commit → OpenFGA answered the relay's Write, at {} | p50 {} ms, p99 {} ms; OpenFGA's Write (bare client, same rate, same proxy{failed}) p50 {} ms, p99 {} ms; the relay adds {} / {} ms | adds ≤ 1 ms p50, ≤ 3 ms p99 | {} |",
                     l.config.label(),
                     ms(l.applied.p50),
                     ms(l.applied.p99),
@@ -354,7 +365,11 @@ impl Results {
                     ms(l.write.p99),
                     ms(add50),
                     ms(add99),
-                    self.verdict(sizes, l.met())
+                    if l.bare_saturated() && !sizes.smoke {
+                        "not comparable"
+                    } else {
+                        self.verdict(sizes, l.met())
+                    }
                 );
                 println!(
                     "| real OpenFGA, {}: … of which commit → the relay's Write sent | p50 {} ms, p99 {} ms; those Writes at OpenFGA p50 {} ms, p99 {} ms | | |",
