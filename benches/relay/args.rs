@@ -73,7 +73,7 @@ pub(crate) struct Args {
     pub(crate) stores_backlog: Option<usize>,
     /// CPUs' worth of time per period OpenFGA and its PostgreSQL get in the real scenario's
     /// confined runs (a cgroup's CPU quota, over a period of 100 ms) [1.2].
-    #[arg(long)]
+    #[arg(long, value_parser = parse_cpus)]
     pub(crate) fga_cpus: Option<f64>,
     /// Pending rows (2 tuples each) of the failing store in the isolation scenario [100000;
     /// smoke 3000].
@@ -108,6 +108,13 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("expected NAME=VALUE, got {s:?}"))
+}
+
+fn parse_cpus(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(c) if c > 0.0 && c.is_finite() => Ok(c),
+        _ => Err(format!("expected a number of CPUs above 0, got {s:?}")),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
