@@ -17,7 +17,8 @@ pub(crate) struct Args {
     /// Single-row commits measured in each latency run [1000; smoke 40].
     #[arg(long)]
     pub(crate) latency_commits: Option<usize>,
-    /// Commits per second in the latency runs [200].
+    /// Commits per second in the latency runs [200] (the real scenario's run at 200 and at
+    /// 1,000/s).
     #[arg(long)]
     pub(crate) latency_rate: Option<u32>,
     /// Rows in the burn-down backlog, 2 tuples each [100000; smoke 2000].
@@ -70,6 +71,18 @@ pub(crate) struct Args {
     /// Rows (2 tuples each) of each burn-down of the stores scenario [100000; smoke 2000].
     #[arg(long)]
     pub(crate) stores_backlog: Option<usize>,
+    /// CPUs' worth of time per period OpenFGA and its PostgreSQL get in the real scenario's
+    /// confined runs (a cgroup's CPU quota, over a period of 100 ms) [1.2].
+    #[arg(long, value_parser = parse_cpus)]
+    pub(crate) fga_cpus: Option<f64>,
+    /// Pending rows (2 tuples each) of the failing store in the isolation scenario [100000;
+    /// smoke 3000].
+    #[arg(long)]
+    pub(crate) isolation_backlog: Option<usize>,
+    /// Seconds the isolation scenario commits the healthy store's rows, one every 0.5 s [600;
+    /// smoke 10].
+    #[arg(long)]
+    pub(crate) isolation_seconds: Option<u64>,
     /// Seconds the idle relay is watched [60; smoke 3].
     #[arg(long)]
     pub(crate) idle_seconds: Option<u64>,
@@ -97,6 +110,13 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected NAME=VALUE, got {s:?}"))
 }
 
+fn parse_cpus(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(c) if c > 0.0 && c.is_finite() => Ok(c),
+        _ => Err(format!("expected a number of CPUs above 0, got {s:?}")),
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Scenario {
     Latency,
@@ -111,6 +131,7 @@ pub(crate) enum Scenario {
     Baseline,
     Real,
     Stores,
+    Isolation,
 }
 
 /// The sizes of one run, from the flags, `--smoke` and the defaults.
@@ -146,6 +167,10 @@ pub(crate) struct Sizes {
     /// Stores the stores scenario spreads its rows over, and its rows.
     pub(crate) stores: usize,
     pub(crate) stores_backlog: usize,
+    /// The CPU quota of OpenFGA and its PostgreSQL in the real scenario's confined runs.
+    pub(crate) fga_cpus: f64,
+    pub(crate) isolation_backlog: usize,
+    pub(crate) isolation_seconds: u64,
 }
 
 impl Sizes {
@@ -204,6 +229,14 @@ impl Sizes {
             stores_backlog: a
                 .stores_backlog
                 .unwrap_or(if s { 2_000 } else { 100_000 })
+                .max(1),
+            fga_cpus: a.fga_cpus.unwrap_or(1.2),
+            isolation_backlog: a
+                .isolation_backlog
+                .unwrap_or(if s { 3_000 } else { 100_000 }),
+            isolation_seconds: a
+                .isolation_seconds
+                .unwrap_or(if s { 10 } else { 600 })
                 .max(1),
         }
     }

@@ -33,6 +33,12 @@ impl BurnDown {
     pub(crate) fn tuples_per_s(&self) -> f64 {
         self.tuples as f64 / self.secs
     }
+    /// The relay's own cost: milliseconds of CPU of the relay, its PostgreSQL sessions and the
+    /// rest of the outbox's PostgreSQL (not the bench's own session), per 1,000 tuples.
+    pub(crate) fn cost_ms_per_1000(&self) -> f64 {
+        (self.cpu.relay + self.cpu.relay_pg + self.cpu.pg_other.max(0.0)) * 1e6
+            / self.tuples.max(1) as f64
+    }
     pub(crate) fn print(&self, label: &str) {
         let writes = match self.last_write_secs {
             Some(last) => format!(

@@ -75,6 +75,8 @@ pub(crate) struct CpuSnap {
     pub(crate) at: Option<Instant>,
     pub(crate) relay: u64,
     pub(crate) relay_pg: u64,
+    /// The bench's own session (it watches the table: not the relay's cost).
+    pub(crate) bench_pg: u64,
     pub(crate) pg_all: u64,
     /// The OpenFGA servers the bench started (child processes named `openfga`).
     pub(crate) openfga: u64,
@@ -91,6 +93,7 @@ impl CpuSnap {
     pub(crate) fn take(
         relay: Option<u32>,
         relay_backends: &[u32],
+        bench_backend: u32,
         [postmaster, fga_postmaster]: [u32; 2],
         pgbench: Option<u32>,
     ) -> CpuSnap {
@@ -109,6 +112,7 @@ impl CpuSnap {
             .filter_map(|&p| proc_stat(p))
             .map(|p| p.ticks)
             .sum();
+        s.bench_pg = proc_stat(bench_backend).map_or(0, |p| p.ticks);
         s.pg_all = cluster_ticks(postmaster);
         s.openfga_pg = cluster_ticks(fga_postmaster);
         // The OpenFGA servers this process started, and the proxy's threads in this process.
@@ -163,11 +167,13 @@ impl CpuSnap {
             _ => 0.0,
         };
         let proxy = d(self.proxy, later.proxy);
+        let bench_pg = d(self.bench_pg, later.bench_pg);
         CpuUse {
             wall,
             relay: d(self.relay, later.relay),
             relay_pg: d(self.relay_pg, later.relay_pg),
-            pg_other: d(self.pg_all, later.pg_all) - d(self.relay_pg, later.relay_pg),
+            bench_pg,
+            pg_other: d(self.pg_all, later.pg_all) - d(self.relay_pg, later.relay_pg) - bench_pg,
             openfga: d(self.openfga, later.openfga),
             openfga_pg: d(self.openfga_pg, later.openfga_pg),
             proxy,
@@ -183,6 +189,10 @@ pub(crate) struct CpuUse {
     pub(crate) wall: f64,
     pub(crate) relay: f64,
     pub(crate) relay_pg: f64,
+    /// The bench's own session, watching the table.
+    pub(crate) bench_pg: f64,
+    /// The rest of the outbox's PostgreSQL: its other sessions (writers, pgbench's) and its
+    /// own processes (walwriter, checkpointer, autovacuum...).
     pub(crate) pg_other: f64,
     pub(crate) openfga: f64,
     pub(crate) openfga_pg: f64,
@@ -200,6 +210,7 @@ impl CpuUse {
         (self.machine
             - self.relay
             - self.relay_pg
+            - self.bench_pg
             - self.pg_other
             - self.openfga
             - self.openfga_pg
@@ -220,7 +231,7 @@ impl CpuUse {
         format!(
             "CPU over {:.2} s (100% = one core): relay {:.0}%, its PostgreSQL sessions {:.0}%, \
              rest of PostgreSQL {:.0}%, OpenFGA {:.0}% and its PostgreSQL {:.0}%, its proxy \
-             {:.0}%, bench {:.0}%, other processes \
+             {:.0}%, bench {:.0}% and its session {:.0}%, other processes \
              {:.0}%; machine busy {:.0}% of {}%",
             self.wall,
             pct(self.relay),
@@ -230,9 +241,23 @@ impl CpuUse {
             pct(self.openfga_pg),
             pct(self.proxy),
             pct(self.bench.max(0.0)),
+            pct(self.bench_pg),
             pct(self.others()),
             pct(self.machine),
             100 * std::thread::available_parallelism().map_or(1, |n| n.get())
         )
     }
+}
+
+/// A process's resident memory, in KiB (`VmRSS` in `/proc/<pid>/status`); `None` when it is
+/// gone.
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }

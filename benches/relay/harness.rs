@@ -35,6 +35,8 @@ pub(crate) struct Bench {
     /// pg_stat_activity tell the relay's statements and sessions from the bench's.
     pub(crate) relay_url: String,
     pub(crate) postmaster: u32,
+    /// The bench's own session's pid ([`Bench::admin`]'s).
+    pub(crate) admin_backend: u32,
     /// Where to write the profile of the next burn-down, if asked for.
     pub(crate) perf: std::sync::Mutex<Option<PathBuf>>,
 }
@@ -75,6 +77,10 @@ impl Bench {
             .context("set up the bench's database")?;
         let relay_url = db.url().replace("user=postgres", "user=fga_relay");
         let postmaster = postmaster_of(&admin).await?;
+        let admin_backend: i32 = admin
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
         let fga_db = TestDb::start_with(PgOptions {
             durable: true,
             ..PgOptions::default()
@@ -92,6 +98,7 @@ impl Bench {
             relay_env: args.relay_env.clone(),
             relay_url,
             postmaster,
+            admin_backend: admin_backend as u32,
             perf: std::sync::Mutex::new(args.perf.clone()),
         };
         bench.migrate()?;
@@ -286,15 +293,16 @@ impl Bench {
         Ok(CpuSnap::take(
             relay,
             &backends,
+            self.admin_backend,
             [self.postmaster, self.fga_postmaster],
             pgbench,
         ))
     }
 
     /// `BEGIN; EXPLAIN (ANALYZE, BUFFERS) <the claim>; ROLLBACK` with the relay's parameters
-    /// (first page, batch 500, no sequential scans), as a generic plan: the relay runs the claim
-    /// as a prepared statement, and after five executions PostgreSQL settles on the generic plan
-    /// when it is no dearer than the custom ones.
+    /// (no rows in hand, no store left out, batch 500, no sequential scans), as a generic plan:
+    /// the relay runs the claim as a prepared statement, and after five executions PostgreSQL
+    /// settles on the generic plan when it is no dearer than the custom ones.
     pub(crate) async fn explain_claim(&self) -> Result<String> {
         let body: String = CLAIM_SQL
             .lines()
@@ -304,14 +312,13 @@ impl Bench {
         self.admin
             .batch_execute(&format!(
                 "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; \
-                 SET LOCAL enable_seqscan = off; PREPARE bench_claim(bigint, bigint) AS {body}"
+                 SET LOCAL enable_seqscan = off; PREPARE bench_claim(bigint[], text[], bigint) AS {body}"
             ))
             .await?;
         let rows = self
             .admin
             .simple_query(&format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim({}, {BATCH})",
-                i64::MIN
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim('{{}}', '{{}}', {BATCH})"
             ))
             .await;
         let cleanup = self.admin.batch_execute("ROLLBACK; DEALLOCATE ALL").await;

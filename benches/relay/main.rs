@@ -17,9 +17,9 @@
 //! Here: the order of the scenarios; `args.rs` is the command line. `harness.rs` is the bench
 //! (its cluster and how it runs relays, over the tests' own helpers in `tests/common/`); one file
 //! a scenario (`latency`, `burndown`, `history`, `dead`, `speed`, `writers`, `linger`, `wait`,
-//! `idle`, `baseline`, `real`, `stores`); `cpu.rs`
-//! (`/proc`), `pgbench.rs`, `explain.rs`, `stats.rs` are what they measure with; `summary.rs`
-//! prints the table.
+//! `idle`, `baseline`, `real` with its latency runs in `real_latency.rs`, `stores`,
+//! `isolation`); `cpu.rs` (`/proc`), `cgroup.rs` (a CPU quota), `pgbench.rs`, `explain.rs`,
+//! `stats.rs` are what they measure with; `summary.rs` prints the table.
 
 // The tests' helpers the bench runs on (TLS and the freezing proxy serve only the tests). The
 // bench uses a part of each; what no test uses either is reported by the test targets.
@@ -36,16 +36,19 @@ mod common {
 mod args;
 mod baseline;
 mod burndown;
+mod cgroup;
 mod cpu;
 mod dead;
 mod explain;
 mod harness;
 mod history;
 mod idle;
+mod isolation;
 mod latency;
 mod linger;
 mod pgbench;
 mod real;
+mod real_latency;
 mod speed;
 mod stats;
 mod stores;
@@ -86,6 +89,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Baseline,
         Scenario::Real,
         Scenario::Stores,
+        Scenario::Isolation,
     ];
     let chosen: Vec<Scenario> = if args.only.is_empty() {
         all.to_vec()
@@ -98,7 +102,7 @@ async fn run(args: Args) -> Result<()> {
     let mut results = Results::default();
     for scenario in chosen {
         let t = Instant::now();
-        println!("\n=== {scenario:?} ===");
+        println!("\n=== {scenario:?} === (load average {})", loadavg());
         match scenario {
             Scenario::Latency => results.latency = Some(bench.latency(&sizes).await?),
             Scenario::Burndown => results.burndown = Some(bench.burndown(&sizes).await?),
@@ -112,8 +116,13 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Baseline => results.baseline = Some(bench.baseline(&sizes).await?),
             Scenario::Real => results.real = Some(bench.real(&sizes).await?),
             Scenario::Stores => results.stores = Some(bench.stores(&sizes).await?),
+            Scenario::Isolation => results.isolation = Some(bench.isolation(&sizes).await?),
         }
-        println!("({scenario:?}: {:.1} s)", t.elapsed().as_secs_f64());
+        println!(
+            "({scenario:?}: {:.1} s; load average {})",
+            t.elapsed().as_secs_f64(),
+            loadavg()
+        );
     }
     results.print_summary(&sizes);
     println!(

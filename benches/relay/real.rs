@@ -4,30 +4,35 @@
 //! - The ceiling: a bare client sending the relay's Writes (100 tuples of the burn-down's rows)
 //!   straight to OpenFGA, with as many in flight as the relay's default window, no outbox;
 //!   measured before and after the relay's burn-down, which also talks to OpenFGA directly.
-//! - The relay's burn-down of the same tuples, as a ratio of the two ceilings' mean.
-//! - Latency, at the latency scenario's rate: commit → OpenFGA answered the relay's Write
-//!   carrying the row (then a Check of every tuple must answer allowed), beside the bare
-//!   client's single-tuple Write round trip. Both go through the tests' proxy, whose hop they
-//!   then share, and which times the relay's Writes without asking OpenFGA anything: a Check
-//!   loop per commit (tried first) loads OpenFGA enough to measure itself.
+//! - The relay's burn-down of the same tuples, as a ratio of the two ceilings' mean, and the
+//!   relay's own cost: the CPU of the relay, its sessions and the rest of the outbox's
+//!   PostgreSQL per 1,000 tuples.
+//! - The same again with OpenFGA and its PostgreSQL held to a CPU quota (`--fga-cpus`, a
+//!   cgroup: `cgroup.rs`), the relay, the outbox's PostgreSQL and the bare client outside it:
+//!   what the relay's side takes from the machine's CPUs then cannot slow OpenFGA down, and
+//!   the ratio measures the relay.
+//! - Latency (`real_latency.rs`): commit → OpenFGA answered the relay's Write, beside the bare
+//!   client's single-tuple Write, at 200 and 1,000 commits/s and with OpenFGA slowed to 10 ms.
 //! - The window: the bare client at 4, 8, 16 and 32 Writes in flight: what each does to
 //!   OpenFGA's throughput and to its Write latency.
 
 use crate::args::Sizes;
 use crate::burndown::BurnDown;
+use crate::cgroup::{CpuQuota, children};
+use crate::common::fga::Fga;
 use crate::cpu::loadavg;
 use crate::harness::Bench;
-use crate::latency::{commit_steadily, first_seen};
+use crate::real_latency::{LATENCY_CONFIGS, RealLatency};
 use crate::stats::Dist;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 /// The relay's default `--max-in-flight`.
-const DEFAULT_WINDOW: usize = 16;
+pub(crate) const DEFAULT_WINDOW: usize = 16;
 const WINDOWS: [usize; 4] = [4, 8, 16, 32];
 const TUPLES_PER_WRITE: usize = 100;
 
@@ -47,32 +52,49 @@ impl Bare {
     }
 }
 
+/// The ceiling before and after the relay's burn-down of the same number of rows.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Real {
-    pub(crate) ceiling: Bare,
-    /// The ceiling measured again after the relay's burn-down.
-    pub(crate) ceiling_after: Bare,
+pub(crate) struct Ceiling {
+    pub(crate) before: Bare,
     pub(crate) relay: BurnDown,
-    /// Commit returned → OpenFGA answered the relay's Write carrying the row.
-    pub(crate) applied: Dist,
-    /// Commit returned → the proxy received that Write: the relay's own part of `applied`.
-    pub(crate) sent: Dist,
-    /// Those Writes' round trips from the proxy to OpenFGA and back.
-    pub(crate) relay_write: Dist,
-    /// OpenFGA's own single-tuple Write, at the same rate, from the bare client.
-    pub(crate) write: Dist,
-    pub(crate) windows: Vec<Bare>,
-    pub(crate) load: String,
+    pub(crate) after: Bare,
 }
 
-impl Real {
-    pub(crate) fn ceiling_tuples_per_s(&self) -> f64 {
-        (self.ceiling.tuples_per_s() + self.ceiling_after.tuples_per_s()) / 2.0
+impl Ceiling {
+    pub(crate) fn tuples_per_s(&self) -> f64 {
+        (self.before.tuples_per_s() + self.after.tuples_per_s()) / 2.0
     }
 
+    /// The relay's burn-down as a share of the two ceilings' mean.
     pub(crate) fn ratio(&self) -> f64 {
-        self.relay.tuples_per_s() / self.ceiling_tuples_per_s()
+        self.relay.tuples_per_s() / self.tuples_per_s()
     }
+}
+
+/// The same, with OpenFGA and its PostgreSQL in a cgroup with a CPU quota.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Confined {
+    pub(crate) cpus: f64,
+    /// `cgroup v1` or `cgroup v2`.
+    pub(crate) kind: &'static str,
+    pub(crate) runs: Ceiling,
+    /// Of the scheduler's periods during the runs, those in which the cgroup used up its quota,
+    /// and the time its processes waited for the next period.
+    pub(crate) periods: u64,
+    pub(crate) throttled: u64,
+    pub(crate) throttled_secs: f64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Real {
+    /// Everything on the machine's CPUs alike.
+    pub(crate) open: Ceiling,
+    /// OpenFGA and its PostgreSQL held to a CPU quota; why not, when no cgroup could be made.
+    pub(crate) confined: Result<Confined, String>,
+    /// Commit → OpenFGA answered, at each rate and OpenFGA's speed.
+    pub(crate) latency: Vec<RealLatency>,
+    pub(crate) windows: Vec<Bare>,
+    pub(crate) load: String,
 }
 
 /// The burn-down rows' tuples (`rows_sql`'s shape: two a row), in Writes of 100.
@@ -146,34 +168,6 @@ async fn bare(
     })
 }
 
-/// `n` single-tuple operations at `rate` a second, each started on schedule: `act(i)` is timed
-/// from its start.
-async fn steadily<F, Fut>(n: usize, rate: u32, act: F) -> Result<Dist>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<f64>> + Send + 'static,
-{
-    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
-    let start = tokio::time::Instant::now() + Duration::from_millis(20);
-    let mut tasks = JoinSet::new();
-    for i in 0..n {
-        tokio::time::sleep_until(start + period.mul_f64(i as f64)).await;
-        tasks.spawn(act(i));
-    }
-    let mut ms = Vec::new();
-    while let Some(done) = tasks.join_next().await {
-        ms.push(done??);
-    }
-    Ok(Dist::of(ms))
-}
-
-/// Whether OpenFGA's Check allows `user viewer object`.
-async fn allowed(http: &reqwest::Client, url: &str, user: &str, object: &str) -> Result<bool> {
-    let body = json!({"tuple_key": {"user": user, "relation": "viewer", "object": object}});
-    let answer: Value = http.post(url).json(&body).send().await?.json().await?;
-    Ok(answer["allowed"] == json!(true))
-}
-
 impl Bench {
     pub(crate) async fn real(&self, sizes: &Sizes) -> Result<Real> {
         let fga = self.fga();
@@ -181,7 +175,6 @@ impl Bench {
         let base = fga.direct_url().to_owned();
         let store = fga.store_id().to_owned();
         let write_url = format!("{base}/stores/{store}/write");
-        let check_url = format!("{base}/stores/{store}/check");
         let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
         let rows = sizes.real_backlog;
         println!(
@@ -194,96 +187,25 @@ impl Bench {
         bare(&http, &write_url, "rw", rows.min(5_000), DEFAULT_WINDOW).await?;
         datastore.connect().await.batch_execute("ANALYZE").await?;
 
-        let ceiling = bare(&http, &write_url, "rc", rows, DEFAULT_WINDOW).await?;
+        println!("everything on the machine's CPUs alike:");
+        let open = self.ceiling(&fga, &http, "r", rows).await?;
         println!(
-            "  ceiling, bare client, {DEFAULT_WINDOW} in flight: {:.0} tuples/s; Write {}",
-            ceiling.tuples_per_s(),
-            ceiling.write.line()
+            "with OpenFGA and its PostgreSQL held to {} CPUs (the relay, the outbox's PostgreSQL \
+             and the bare client outside):",
+            sizes.fga_cpus
         );
-        self.truncate().await?;
-        let relay = self
-            .burn_with(rows, "rb", &fga, &[("FGA_API_URL", &base)])
-            .await?;
-        relay.print("relay burn-down");
-        let ceiling_after = bare(&http, &write_url, "rd", rows, DEFAULT_WINDOW).await?;
-        println!(
-            "  ceiling again: {:.0} tuples/s; Write {}",
-            ceiling_after.tuples_per_s(),
-            ceiling_after.write.line()
-        );
-        let mean = (ceiling.tuples_per_s() + ceiling_after.tuples_per_s()) / 2.0;
-        println!(
-            "  relay / ceilings' mean: {:.3}",
-            relay.tuples_per_s() / mean
-        );
+        let confined = match CpuQuota::create(sizes.fga_cpus) {
+            Ok(quota) => Ok(self.confined(&fga, &http, rows, quota).await?),
+            Err(e) => {
+                println!("  not measured: no cgroup for the quota: {e:#}");
+                Err(format!("{e:#}"))
+            }
+        };
 
-        // Latency, through the proxy (the relay's default URL here).
-        let n = sizes.latency_commits;
-        let rate = sizes.latency_rate;
-        self.truncate().await?;
-        let relay_proc = self.start_relay(&fga, &[]).await?;
-        let writer = self.db.connect().await;
-        commit_steadily(&writer, "rlw", sizes.latency_warmup, rate).await?;
-        let commits = commit_steadily(&writer, "rl", n, rate).await?;
-        let wait = self
-            .wait_drained(Duration::from_secs(30), Duration::from_millis(5))
-            .await;
-        self.stop_relay(relay_proc, "real latency", &[]).await;
-        wait?;
-        let answered = first_seen(&fga, |w| w.answered_at);
-        let received = first_seen(&fga, |w| Some(w.received_at));
-        let round_trips: Vec<f64> = fga
-            .writes()
-            .iter()
-            .filter_map(|w| Some((w.answered_at? - w.received_at).as_secs_f64() * 1e3))
-            .collect();
-        let (mut applied, mut sent) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let mut refused = 0;
-        for c in &commits {
-            let Some(&at) = answered.get(&c.user) else {
-                bail!("no answered Write carried {}", c.user);
-            };
-            applied.push(at.saturating_duration_since(c.committed).as_secs_f64() * 1e3);
-            if let Some(&r) = received.get(&c.user) {
-                sent.push(r.saturating_duration_since(c.committed).as_secs_f64() * 1e3);
-            }
-            if !allowed(&http, &check_url, &c.user, "document:rl").await? {
-                refused += 1;
-            }
+        let mut latency = Vec::new();
+        for (k, &config) in LATENCY_CONFIGS.iter().enumerate() {
+            latency.push(self.real_latency(&fga, &http, sizes, k, config).await?);
         }
-        if refused > 0 {
-            bail!("{refused} of {n} delivered tuples not allowed by a Check");
-        }
-        let (applied, sent, relay_write) =
-            (Dist::of(applied), Dist::of(sent), Dist::of(round_trips));
-        let proxied_write = format!("{}/stores/{store}/write", fga.url());
-        let write = steadily(n, rate, |i| {
-            let (http, url) = (http.clone(), proxied_write.clone());
-            async move {
-                // The body the relay sends for one row.
-                let body = json!({"writes": {"tuple_keys": [
-                    {"user": format!("user:rw{i}"), "relation": "viewer", "object": "document:rw"}
-                ], "on_duplicate": "ignore"}});
-                let t = Instant::now();
-                let answer = http.post(&url).json(&body).send().await?;
-                if !answer.status().is_success() {
-                    bail!("OpenFGA answered {}", answer.status());
-                }
-                Ok(t.elapsed().as_secs_f64() * 1e3)
-            }
-        })
-        .await?;
-        println!(
-            "  commit → OpenFGA answered the relay's Write, at {rate}/s: {} (then all {n} \
-             allowed by a Check)",
-            applied.line()
-        );
-        println!(
-            "    of which commit → the relay's Write sent: {}",
-            sent.line()
-        );
-        println!("    and those Writes at OpenFGA: {}", relay_write.line());
-        println!("  OpenFGA's own Write at {rate}/s:   {}", write.line());
 
         let mut windows = Vec::new();
         for (k, window) in WINDOWS.into_iter().enumerate() {
@@ -296,15 +218,109 @@ impl Bench {
             windows.push(b);
         }
         Ok(Real {
-            ceiling,
-            ceiling_after,
-            relay,
-            applied,
-            sent,
-            relay_write,
-            write,
+            open,
+            confined,
+            latency,
             windows,
             load: loadavg(),
         })
+    }
+
+    /// The bare client's ceiling, the relay's burn-down of as many rows, the ceiling again; both
+    /// straight to OpenFGA. `tag` keeps each run's tuples apart.
+    async fn ceiling(
+        &self,
+        fga: &Fga,
+        http: &reqwest::Client,
+        tag: &str,
+        rows: usize,
+    ) -> Result<Ceiling> {
+        let base = fga.direct_url();
+        let write_url = format!("{base}/stores/{}/write", fga.store_id());
+        let before = bare(http, &write_url, &format!("{tag}c"), rows, DEFAULT_WINDOW).await?;
+        println!(
+            "  ceiling, bare client, {DEFAULT_WINDOW} in flight: {:.0} tuples/s; Write {}",
+            before.tuples_per_s(),
+            before.write.line()
+        );
+        self.truncate().await?;
+        let relay = self
+            .burn_with(rows, &format!("{tag}b"), fga, &[("FGA_API_URL", base)])
+            .await?;
+        relay.print("relay burn-down");
+        println!(
+            "    the relay's own cost: {:.1} ms of CPU per 1,000 tuples (the relay, its sessions \
+             and the rest of the outbox's PostgreSQL)",
+            relay.cost_ms_per_1000()
+        );
+        let after = bare(http, &write_url, &format!("{tag}d"), rows, DEFAULT_WINDOW).await?;
+        println!(
+            "  ceiling again: {:.0} tuples/s; Write {}",
+            after.tuples_per_s(),
+            after.write.line()
+        );
+        let c = Ceiling {
+            before,
+            relay,
+            after,
+        };
+        println!("  relay / ceilings' mean: {:.3}", c.ratio());
+        Ok(c)
+    }
+
+    /// [`Bench::ceiling`] with OpenFGA's server and its PostgreSQL cluster in `quota`. The
+    /// cluster's postmaster goes in with the sessions it has: the sessions it forks later are
+    /// born in it. Checked before and after, from `/proc/PID/cgroup`.
+    async fn confined(
+        &self,
+        fga: &Fga,
+        http: &reqwest::Client,
+        rows: usize,
+        quota: CpuQuota,
+    ) -> Result<Confined> {
+        let server = fga.server_pid();
+        quota.add(server)?;
+        quota.add_cluster(self.fga_postmaster)?;
+        let inside = |quota: &CpuQuota| -> Result<usize> {
+            let mut pids = children(self.fga_postmaster);
+            pids.extend([server, self.fga_postmaster]);
+            let outside = quota.outside(&pids);
+            if !outside.is_empty() {
+                bail!("processes of OpenFGA or its PostgreSQL outside the cgroup: {outside:?}");
+            }
+            let ours = [self.postmaster, std::process::id()];
+            if ours.iter().any(|&p| quota.holds(p)) {
+                bail!("the outbox's PostgreSQL or the bench in the cgroup");
+            }
+            Ok(pids.len())
+        };
+        let n = inside(&quota)?;
+        println!(
+            "  {} {}: OpenFGA (pid {server}) and its PostgreSQL (postmaster {}), {n} processes; \
+             quota {} CPUs",
+            quota.kind,
+            quota.path().display(),
+            self.fga_postmaster,
+            quota.cpus
+        );
+        let (p0, t0, s0) = quota.throttling();
+        let runs = self.ceiling(fga, http, "q", rows).await?;
+        let (p1, t1, s1) = quota.throttling();
+        let n = inside(&quota)?;
+        let c = Confined {
+            cpus: quota.cpus,
+            kind: quota.kind,
+            runs,
+            periods: p1 - p0,
+            throttled: t1 - t0,
+            throttled_secs: s1 - s0,
+        };
+        println!(
+            "  throttled in {} of {} periods ({:.1} s waited); {n} processes in the cgroup at the \
+             end, none of them outside",
+            c.throttled, c.periods, c.throttled_secs
+        );
+        drop(quota);
+        Ok(c)
     }
 }

@@ -184,6 +184,12 @@ impl Fga {
         &self.server.url
     }
 
+    /// The server's process id (the benchmark confines it to a CPU quota).
+    #[allow(dead_code)] // the bench uses it; the tests do not
+    pub fn server_pid(&self) -> u32 {
+        self.server.pid()
+    }
+
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

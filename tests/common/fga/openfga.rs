@@ -46,6 +46,13 @@ pub(super) struct Server {
     pid: u32,
 }
 
+impl Server {
+    /// The server's process id.
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         // SAFETY: kill(2) on a pid we started; a server already gone makes it fail harmlessly.
