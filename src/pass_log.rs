@@ -17,10 +17,10 @@ pub struct PassLog {
 impl PassLog {
     /// Counts and logs a pass's outcome.
     pub fn account(&self, metrics: &Metrics, trigger: Trigger, report: &PassReport) {
-        if trigger == Trigger::Sweep && report.delivered > 0 {
-            metrics.sweep_found_rows.inc_by(report.delivered);
+        if report.swept > 0 {
+            metrics.sweep_found_rows.inc_by(report.swept);
             warn!(
-                rows = report.delivered,
+                rows = report.swept,
                 "the sweep found rows no notification announced: notifications are being lost"
             );
         }

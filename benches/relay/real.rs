@@ -35,6 +35,8 @@ use tokio::task::JoinSet;
 pub(crate) const DEFAULT_WINDOW: usize = 16;
 const WINDOWS: [usize; 4] = [4, 8, 16, 32];
 const TUPLES_PER_WRITE: usize = 100;
+/// How often the bare client sends a Write that OpenFGA answered 5xx before it gives up.
+const RETRIES: usize = 10;
 
 /// A bare client's run: Writes of 100 tuples, `window` in flight.
 #[derive(Clone, Debug, Default)]
@@ -129,8 +131,20 @@ async fn send_all(
         let slot = slots.clone().acquire_owned().await?;
         let (http, url) = (http.clone(), url.to_owned());
         tasks.spawn(async move {
+            // A Write OpenFGA gives up on (its own deadline, under a CPU quota) is sent again,
+            // as the relay sends its own again: the ceiling counts what OpenFGA applies.
             let t = Instant::now();
-            let answer = http.post(&url).json(&body).send().await;
+            let mut tries = 0;
+            let answer = loop {
+                tries += 1;
+                let answer = http.post(&url).json(&body).send().await;
+                match answer {
+                    Ok(a) if a.status().is_server_error() && tries < RETRIES => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    other => break other,
+                }
+            };
             drop(slot);
             let ms = t.elapsed().as_secs_f64() * 1e3;
             match answer {

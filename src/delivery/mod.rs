@@ -84,6 +84,9 @@ pub struct PassReport {
     pub locked: u64,
     /// When the earliest row held back, or store held, may go again.
     pub next_due: Option<Instant>,
+    /// Rows found by reads the sweep woke the stream for, while writers were to notify it:
+    /// rows no notification announced.
+    pub swept: u64,
     /// The stream stopped because it was asked to (shutdown, leadership lost).
     pub interrupted: bool,
 }

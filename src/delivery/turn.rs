@@ -35,6 +35,8 @@ pub(super) struct Turn<'a> {
     listen_at: Option<Instant>,
     /// A read put off by `--linger` is due then.
     pub(super) linger_until: Option<Instant>,
+    /// The sweep woke the stream: what the next read finds, no notification announced.
+    swept: bool,
 }
 
 impl<'a> Turn<'a> {
@@ -61,6 +63,7 @@ impl<'a> Turn<'a> {
             spins: 0,
             listen_at: None,
             linger_until: None,
+            swept: false,
         }
     }
 
@@ -131,6 +134,9 @@ impl Deliverer {
         };
         match self.read_page(limit, lock).await {
             Ok(n) => {
+                if std::mem::take(&mut turn.swept) {
+                    self.core.report.swept += n as u64;
+                }
                 self.want_read = n >= limit;
                 self.last_read = (n > 0).then(Instant::now);
                 self.ahead = read::Ahead::default();
@@ -282,6 +288,7 @@ impl Deliverer {
             }
             trigger = rung => {
                 self.want_read = true;
+                turn.swept = trigger == Trigger::Sweep;
                 if turn.trigger == Trigger::Again || trigger == Trigger::Notification {
                     turn.trigger = trigger;
                 }
