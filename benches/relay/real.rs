@@ -27,7 +27,7 @@ use crate::stats::Dist;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
