@@ -1,6 +1,7 @@
-//! Whether the relay's main loop is alive: it beats at every step of its work (each page a pass
-//! reads and each Write answered, each turn of the wait between passes, each connection attempt),
-//! and no beat for `--liveness-timeout` means it is stuck. `/livez` answers from this, and
+//! Whether the relay's main loop is alive: it beats at every step of its work (each read and
+//! each Write answered, each turn of the stream's wait while no Write is in flight or one landed
+//! within the timeout, each connection attempt), and no beat for `--liveness-timeout` means it
+//! is stuck. `/livez` answers from this, and
 //! systemd's watchdog is fed only while it holds, so that either restarts a stuck relay. Neither
 //! asks PostgreSQL: a database outage is waited out by a loop that keeps beating.
 
@@ -46,6 +47,11 @@ impl Liveness {
 
     pub fn is_alive(&self) -> bool {
         self.stalled_for().is_none()
+    }
+
+    /// How long without a beat counts as stuck.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// How often a loop that waits must beat: well within the timeout.

@@ -21,6 +21,7 @@ impl Deliverer {
         answer: Result<Answer, StoreError>,
     ) -> Result<(), StoreError> {
         self.core.landed(&flight.keys, &flight.plan);
+        self.progress = Instant::now();
         self.liveness.beat();
         let answer = match answer {
             Ok(a) => a,

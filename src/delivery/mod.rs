@@ -138,6 +138,10 @@ pub struct Deliverer {
     want_read: bool,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
+    /// When a Write last landed, or left with none in flight: while Writes are in flight, the
+    /// stream is alive only if one lands now and then (each has a deadline); one stuck on a
+    /// connection that never answers stops the beats.
+    progress: Instant,
     /// Told at each step (a read, a Write answered): a stream that moves is alive, one stuck on
     /// a connection that never answers is not.
     liveness: Arc<Liveness>,
@@ -160,6 +164,7 @@ impl Deliverer {
             ahead: Ahead::default(),
             want_read: true,
             last_read: None,
+            progress: Instant::now(),
             liveness,
         }
     }
@@ -173,13 +178,21 @@ impl Deliverer {
         self.want_read = true;
     }
 
+    /// Says the stream is alive: always while no Write is in flight (it waits, or works), and
+    /// while Writes are in flight only if one landed (or left) within the liveness timeout.
+    fn pulse(&self, flying: bool) {
+        if !flying || self.progress.elapsed() < self.liveness.timeout() {
+            self.liveness.beat();
+        }
+    }
+
     /// Runs the stream (see the module) until `controls.mode` says it ends, or a database error
     /// does (after the Writes in flight have landed). Returns what it did since it last said.
     pub async fn stream(&mut self, controls: Controls<'_>) -> Result<PassReport, StoreError> {
         let mut turn = turn::Turn::new(self, &controls);
         self.want_read = true;
         loop {
-            self.liveness.beat();
+            self.pulse(!turn.flights.is_empty());
             if turn.launching && !(controls.keep_going)() {
                 turn.stop(&mut self.core.report);
             }

@@ -183,6 +183,9 @@ impl Deliverer {
                 None => None,
             };
             let flight = self.core.launch(plan);
+            if turn.flights.is_empty() {
+                self.progress = Instant::now();
+            }
             turn.flights.spawn(flight.fly(turn.crew.clone(), locked));
             self.core
                 .metrics

@@ -391,7 +391,10 @@ async fn a_long_writer_transaction_does_not_make_the_relay_spin() {
         .await;
     let writer = env.db.connect().await;
     writer.batch_execute("BEGIN").await.unwrap();
-    let _relay = env.start_relay().await;
+    // One Write in flight at most: with it in flight, the relay's window is full, and it lets
+    // the wake lock go (with room, it would hold it, and the writer would notify instead).
+    let _relay = env.spawn_relay(&[("FGA_RELAY_MAX_IN_FLIGHT", "1")]);
+    _relay.wait_for_log("delivering (leader)").await;
     wait_for_writes(&env.fga, 1, "the relay is busy").await;
     let id = insert_with(&writer, writes(&[tk("user:long", "viewer", "document:w")])).await;
     let shared: i64 = writer
