@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 async fn a_row_committed_while_a_write_flies_goes_at_once() {
     let env = Env::start().await;
     env.fga.push_fault(
-        FaultRule::times(Fault::Delay(Duration::from_secs(4)), 1).when_tuple(
+        FaultRule::times(Fault::Delay(Duration::from_secs(8)), 1).when_tuple(
             "user:slow",
             "viewer",
             "document:1",
@@ -200,14 +200,10 @@ async fn another_store_flows_while_one_fails(fault: Fault) {
                 &healthy,
             ))
             .await;
-        let at = Instant::now();
-        wait_until(
-            Duration::from_secs(5),
-            "the healthy store's row is delivered",
-            || async { env.row(id).await.delivered },
-        )
+        wait_until(PROMPTLY, "the healthy store's row is delivered", || async {
+            env.row(id).await.delivered
+        })
         .await;
-        assert!(at.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     assert_eq!(env.dead().await, 0, "relay log:\n{}", relay.logs());
@@ -253,7 +249,7 @@ async fn a_retry_after_pauses_only_its_own_store() {
         ))
         .await;
     wait_until(
-        Duration::from_secs(5),
+        PROMPTLY,
         "the other store's row is delivered during the wait",
         || async { env.row(flowing).await.delivered },
     )
