@@ -101,7 +101,69 @@ pub(super) fn key_hash(store: &str, k: &TupleKey) -> u64 {
     h.finish()
 }
 
+/// What one planning scan of the queue has passed over so far.
+#[derive(Default)]
+struct Scan {
+    /// Tuples of rows left in the queue: every later row on them waits too.
+    waiting: HashSet<u64>,
+    /// Stores behind a row that cannot be decoded.
+    barred: HashSet<Option<Arc<str>>>,
+    /// Rows that cannot go now.
+    stuck: usize,
+    /// When the first of them may.
+    due: Option<Instant>,
+}
+
+impl Scan {
+    /// Row `c` cannot go now: it, and every later row on its tuples, waits.
+    fn wait(&mut self, c: &Candidate) -> bool {
+        self.waiting.extend(c.hashes.iter().copied());
+        self.stuck += 1;
+        true
+    }
+
+    fn due_at(&mut self, at: Instant) {
+        self.due = Some(self.due.map_or(at, |d| d.min(at)));
+    }
+}
+
 impl Core {
+    /// Whether row `c` cannot go now, noted in `scan`: behind an undecodable row of its store,
+    /// waiting to be marked, held back (its own backoff or its store's hold), its store failing
+    /// with its share of the window in flight, or on a tuple of a Write in flight or of an
+    /// earlier row left waiting.
+    fn passed_over(&self, c: &Candidate, now: Instant, scan: &mut Scan) -> bool {
+        let retry_at = self.memo.get(&c.id).and_then(|m| m.retry_at);
+        if c.malformed || scan.barred.contains(&c.target.store) {
+            scan.barred.insert(c.target.store.clone());
+            if let Some(at) = retry_at {
+                scan.due_at(at);
+            }
+            scan.stuck += 1;
+            return true;
+        }
+        if self.to_mark.contains(&c.id) {
+            return scan.wait(c);
+        }
+        let held = self
+            .lanes
+            .held(&c.target, now)
+            .or(retry_at.filter(|at| *at > now));
+        if let Some(until) = held {
+            // Until then.
+            scan.due_at(until);
+            return scan.wait(c);
+        }
+        if self.lanes.probing(&c.target, self.window() / 2)
+            || c.hashes
+                .iter()
+                .any(|h| self.in_flight.contains_key(h) || scan.waiting.contains(h))
+        {
+            return scan.wait(c);
+        }
+        false
+    }
+
     /// Takes the rows of the next Write from the queue: in id order, all for the target of the
     /// first row that may go, as many as the tuple limit and the rows' halving allow, never the
     /// same tuple twice, and none on a tuple of a Write in flight or of an earlier row left
@@ -114,55 +176,20 @@ impl Core {
         let limit = self.max_tuples;
         let mut rows: Vec<(Candidate, Vec<usize>)> = Vec::new();
         let mut keys: HashSet<u64> = HashSet::new();
-        // Tuples of rows left in the queue by this scan: every later row on them waits too.
-        let mut waiting: HashSet<u64> = HashSet::new();
         let mut n_ops = 0usize;
         let mut cap = usize::MAX;
         let mut target: Option<Target> = None;
         let mut room = true;
-        let mut stuck = 0usize;
-        // Stores behind a row that cannot be decoded.
-        let mut barred: HashSet<Option<Arc<str>>> = HashSet::new();
+        let mut scan = Scan::default();
         let ids: Vec<i64> = self.queue.keys().copied().collect();
         for id in ids {
             let Some(c) = self.queue.get(&id) else {
                 continue;
             };
-            if c.malformed || barred.contains(&c.target.store) {
-                barred.insert(c.target.store.clone());
-                if let Some(at) = self.memo.get(&id).and_then(|m| m.retry_at) {
-                    self.due_at(at);
-                }
-                stuck += 1;
+            if self.passed_over(c, now, &mut scan) {
                 continue;
             }
-            if self.to_mark.contains(&id) {
-                waiting.extend(c.hashes.iter().copied());
-                stuck += 1;
-                continue;
-            }
-            let held = self.lanes.held(&c.target, now).or(self
-                .memo
-                .get(&id)
-                .and_then(|m| m.retry_at)
-                .filter(|at| *at > now));
-            if let Some(until) = held {
-                // Its store is held, or it is held back itself: it and every later row on its
-                // tuples wait until then.
-                waiting.extend(c.hashes.iter().copied());
-                self.due_at(until);
-                stuck += 1;
-                continue;
-            }
-            if self.lanes.probing(&c.target, self.window() / 2)
-                || c.hashes
-                    .iter()
-                    .any(|h| self.in_flight.contains_key(h) || waiting.contains(h))
-            {
-                waiting.extend(c.hashes.iter().copied());
-                stuck += 1;
-                continue;
-            }
+            let waiting = &mut scan.waiting;
             if let Some(t) = target.as_ref().filter(|t| **t != c.target) {
                 // Another target's row, left for its own Write. Its tuples are of its store, so
                 // they meet this Write's only in its store under another model: a later row of
@@ -183,7 +210,7 @@ impl Core {
                 // it is looked at again before any later row on them, never after.
                 waiting.extend(c.hashes.iter().copied());
                 self.to_mark.push(id);
-                stuck += 1;
+                scan.stuck += 1;
                 continue;
             }
             let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
@@ -223,7 +250,10 @@ impl Core {
             cap = cap.min(row_cap);
             rows.push((c, remaining));
         }
-        self.stuck = stuck;
+        self.stuck = scan.stuck;
+        if let Some(at) = scan.due {
+            self.due_at(at);
+        }
         let target = target?;
         (!rows.is_empty()).then_some(Plan { target, rows, room })
     }
