@@ -4,7 +4,7 @@
 //! often as needed.
 
 use super::{Relay, Term};
-use crate::delivery::Mode;
+use crate::delivery::{Deliverer, Mode};
 use crate::listener::Session;
 use crate::pass_log::Trigger;
 use std::time::{Duration, Instant};
@@ -101,48 +101,21 @@ impl Relay {
                 warn!(left, "rows still pending at the timeout");
                 return Ok(());
             }
-            if session.as_ref().is_none_or(Session::is_lost) {
-                if let Some(old) = session.take() {
-                    self.abandon(&old);
-                }
-                *term = None;
-                *session = self
-                    .connect(false)
-                    .await
-                    .map_err(|e| {
-                        self.pooler.check(&e);
-                        warn!(error = %crate::db::describe(&e), "cannot connect")
-                    })
-                    .ok();
+            if !self
+                .drain_leads(
+                    &mut deliverer,
+                    session,
+                    term,
+                    &[shutdown, timer],
+                    &mut waiting_logged,
+                )
+                .await
+            {
+                continue;
             }
             let Some(s) = session.as_ref() else {
-                self.nap(Duration::from_millis(200), &[shutdown, timer])
-                    .await;
                 continue;
             };
-            if term.is_none() {
-                let taken = s.try_lead().await.map_err(|e| self.pooler.check(&e));
-                match taken.ok().flatten() {
-                    Some(taken) => {
-                        let (t, waited) =
-                            self.begin_term(taken, &[shutdown, timer, s.lost()]).await;
-                        *term = Some(t);
-                        if !waited {
-                            continue;
-                        }
-                        deliverer.forget();
-                    }
-                    None => {
-                        if !waiting_logged {
-                            info!("another relay is delivering; waiting for it");
-                            waiting_logged = true;
-                        }
-                        self.nap(Duration::from_millis(100), &[shutdown, timer])
-                            .await;
-                        continue;
-                    }
-                }
-            }
             let keep_going = || {
                 !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost() && s.lease_valid()
             };
@@ -179,5 +152,54 @@ impl Relay {
                 self.nap(w, &[shutdown, timer]).await;
             }
         }
+    }
+
+    /// Makes sure `drain` leads on a live session: connects anew after a loss, and takes
+    /// leadership (waiting out the fence) when it has no term. False when it does not lead yet
+    /// (it has waited a little, or was stopped): the caller looks again.
+    async fn drain_leads(
+        &self,
+        deliverer: &mut Deliverer,
+        session: &mut Option<Session>,
+        term: &mut Option<Term>,
+        stop: &[&CancellationToken],
+        waiting_logged: &mut bool,
+    ) -> bool {
+        if session.as_ref().is_none_or(Session::is_lost) {
+            if let Some(old) = session.take() {
+                self.abandon(&old);
+            }
+            *term = None;
+            *session = self
+                .connect(false)
+                .await
+                .map_err(|e| {
+                    self.pooler.check(&e);
+                    warn!(error = %crate::db::describe(&e), "cannot connect")
+                })
+                .ok();
+        }
+        let Some(s) = session.as_ref() else {
+            self.nap(Duration::from_millis(200), stop).await;
+            return false;
+        };
+        if term.is_some() {
+            return true;
+        }
+        let taken = s.try_lead().await.map_err(|e| self.pooler.check(&e));
+        let Some(taken) = taken.ok().flatten() else {
+            if !std::mem::replace(waiting_logged, true) {
+                info!("another relay is delivering; waiting for it");
+            }
+            self.nap(Duration::from_millis(100), stop).await;
+            return false;
+        };
+        let stops: Vec<&CancellationToken> = stop.iter().copied().chain([s.lost()]).collect();
+        let (t, waited) = self.begin_term(taken, &stops).await;
+        *term = Some(t);
+        if waited {
+            deliverer.forget();
+        }
+        waited
     }
 }
