@@ -40,6 +40,9 @@ pub(super) struct Core {
     pub(super) stuck: usize,
     /// When the earliest row held back, or store held, may go again.
     pub(super) due: Option<Instant>,
+    /// Rows in the queue that cannot be decoded (`Candidate::malformed`): looked for only
+    /// while there are some.
+    pub(super) bars: usize,
     pub(super) report: PassReport,
 }
 
@@ -79,6 +82,7 @@ impl Core {
             window,
             stuck: 0,
             due: None,
+            bars: 0,
             report: PassReport::default(),
         }
     }
@@ -91,6 +95,7 @@ impl Core {
         self.flying.clear();
         self.in_flight.clear();
         self.to_mark.clear();
+        self.bars = 0;
     }
 
     /// The Writes that may be in flight now.

@@ -215,6 +215,7 @@ impl Deliverer {
             text: text.into(),
             malformed: true,
         });
+        self.core.bars += 1;
         self.core.hold_back(id, Instant::now());
     }
 
@@ -223,6 +224,9 @@ impl Deliverer {
     /// corrected, they are queued as they are now, in their place; still undecodable, they are
     /// dead-lettered, or wait again.
     pub(super) async fn recheck_bars(&mut self) -> Result<(), StoreError> {
+        if self.core.bars == 0 {
+            return Ok(());
+        }
         let now = Instant::now();
         let due: Vec<i64> = self
             .core
@@ -248,6 +252,7 @@ impl Deliverer {
             let Some(old) = self.core.queue.remove(&id) else {
                 continue;
             };
+            self.core.bars = self.core.bars.saturating_sub(1);
             self.core.memo.remove(&id);
             let Some(payload) = rows.get(&id) else {
                 continue;
@@ -262,6 +267,7 @@ impl Deliverer {
             if let Err(Unqueued::Unresolved) = self.queue_row(&conn, row, &mut false).await? {
                 // Its store cannot be told yet: it keeps barring what it barred.
                 self.core.admit(old);
+                self.core.bars += 1;
                 self.core.hold_back(id, now);
             }
         }
