@@ -141,6 +141,10 @@ async fn a_main_loop_stuck_on_a_frozen_connection_is_not_live() {
         .insert(writes(&[tk("user:first", "viewer", "document:1")]))
         .await;
     env.wait_delivered(first).await;
+    // Said once the Write has landed, so its connection is back in the pool: frozen below with
+    // the others, rather than still held when the next read needs one, which the pool would
+    // then open anew past the freeze.
+    relay.wait_for_log("first rows delivered").await;
     // The pool's connections (the listener's application_name goes on with " listener").
     assert!(
         proxy.freeze_named("fga-relay run\0") >= 1,
