@@ -56,6 +56,23 @@ fn assert_sent_nothing_after(fga: &Fga, key: &str, since: Instant) {
     );
 }
 
+/// [`assert_sent_nothing_after`], for a leader that had no Write in flight when it was stopped:
+/// nor did it break one off before its head left (the client ends the connection the Write
+/// would have gone on then, its own or a new one that carried nothing yet).
+fn assert_began_nothing_after(fga: &Fga, key: &str, since: Instant) {
+    assert_sent_nothing_after(fga, key, since);
+    let bearer = format!("Bearer {key}");
+    let broken = fga
+        .connection_ends()
+        .into_iter()
+        .filter(|(at, owner)| *at > since && owner.as_deref().is_none_or(|o| o == bearer))
+        .count();
+    assert_eq!(
+        broken, 0,
+        "the replaced leader broke off {broken} request(s) after it was stopped"
+    );
+}
+
 /// Waits until the relay given preshared key `key` has sent `n` Writes, then stops it (SIGSTOP).
 async fn stop_after_writes(fga: &Fga, relay: &RelayProc, key: &str, n: usize) {
     wait_until(PROMPTLY, "the leader is in the middle of the page", || {
@@ -636,4 +653,78 @@ async fn a_continued_leader_whose_lease_ran_out_sends_nothing_before_it_learns_i
     old.wait_for_log("standing by").await;
     env.wait_drained().await;
     assert_sent_nothing_after(&env.fga, "old-leader", continued);
+}
+
+/// A leader stopped (SIGSTOP) while one of its Writes waits for its rows' lock: PostgreSQL has
+/// locked them, and the answer reaches the relay only once it is continued, after its lease ran
+/// out and a standby took over. The Write is asked once more whether it may go, after its lock
+/// and before its request: it opens no request at all (the request body's own lease check
+/// would only cut it short once its head had reached OpenFGA).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_while_it_locks_a_write_opens_no_request_once_continued() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let timings = [
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+        ("FGA_RELAY_LEADER_LEASE", "3s"),
+    ];
+    let old = env.spawn_relay(
+        &[
+            &timings[..],
+            &[
+                ("DATABASE_URL", url.as_str()),
+                ("FGA_API_TOKEN", "old-leader"),
+            ],
+        ]
+        .concat(),
+    );
+    old.wait_for_log("delivering (leader)").await;
+    // Each answer to the old leader's pooled connections takes a second: time to see a lock
+    // taken on the server and stop the relay before it hears of it.
+    assert!(proxy.delay_answers_named("fga-relay run\0", Duration::from_secs(1)) >= 1);
+    let standby = env.spawn_relay(&[&timings[..], &[("FGA_API_TOKEN", "standby")]].concat());
+    standby.wait_for_log("standing by").await;
+    // A grant and a revoke of one tuple, over and over: they are read together, and the read's
+    // own lock cannot carry the first Write (it holds more than that Write's rows), so each
+    // Write locks its rows on its own.
+    let client = env.db.connect().await;
+    let t = tk("user:locked", "viewer", "document:l");
+    for i in 0..6 {
+        let ops = if i % 2 == 0 {
+            writes(std::slice::from_ref(&t))
+        } else {
+            deletes(std::slice::from_ref(&t))
+        };
+        insert_with(&client, ops).await;
+    }
+    wait_until(PROMPTLY, "PostgreSQL locked a Write's rows", || {
+        let client = &client;
+        async move {
+            let n: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name = 'fga-relay run' \
+                       AND state = 'idle in transaction' \
+                       AND query LIKE '%Locks the rows of one Write%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n > 0
+        }
+    })
+    .await;
+    old.signal(libc::SIGSTOP);
+    standby.wait_for_log("delivering (leader)").await;
+    let continued = Instant::now();
+    old.signal(libc::SIGCONT);
+    old.wait_for_log("standing by").await;
+    env.wait_drained().await;
+    // No Write of the old leader's was in flight when it was stopped: its rows are all on one
+    // tuple, and the one it was about to send had not left.
+    assert_began_nothing_after(&env.fga, "old-leader", continued);
+    // The standby delivered every row, in order: the tuple ends revoked.
+    assert!(!env.fga.has("user:locked", "viewer", "document:l"));
 }

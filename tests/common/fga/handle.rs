@@ -120,6 +120,10 @@ impl FgaBuilder {
             .set_nonblocking(true)
             .expect("non-blocking listener");
         let app = super::proxy::router(proxy.clone());
+        let ends = proxy.clone();
+        let on_end: super::server::OnEnd = Arc::new(move |owner| {
+            ends.state().ends.push((std::time::Instant::now(), owner));
+        });
         let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
             .name("fga-proxy".to_owned())
@@ -130,7 +134,7 @@ impl FgaBuilder {
                     .enable_all()
                     .build()
                     .expect("proxy runtime");
-                runtime.block_on(accept_loop(listener, control_rx, app));
+                runtime.block_on(accept_loop(listener, control_rx, app, on_end));
                 // Dropping the runtime cancels every task: hanging requests, delayed writes
                 // and idle keep-alive connections all end here.
                 drop(runtime);
@@ -369,6 +373,13 @@ impl Fga {
     #[allow(dead_code)] // used by some test binaries only
     pub fn write_heads(&self) -> Vec<(std::time::Instant, Option<String>)> {
         self.proxy.state().heads.clone()
+    }
+
+    /// When each connection its client ended was ended, with the `Authorization` header of its
+    /// first request (`None`: it sent none): a Write broken off before its head left shows here.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn connection_ends(&self) -> Vec<(std::time::Instant, Option<String>)> {
+        self.proxy.state().ends.clone()
     }
 
     /// `true`: every request but `/healthz` hangs, never answered (OpenFGA hung as a whole).

@@ -38,6 +38,9 @@ pub(super) struct ProxyState {
     /// Every Write request as its head arrived (before its body, which a leader may cut short):
     /// when, and its raw `Authorization` header.
     pub(super) heads: Vec<(Instant, Option<String>)>,
+    /// Every connection its client ended (closed, or broke off in the middle of a request):
+    /// when, and the `Authorization` header of its first request (`None`: it sent none).
+    pub(super) ends: Vec<(Instant, Option<String>)>,
     /// Every request but `/healthz` hangs, never answered: OpenFGA (and whatever is in front of
     /// it) hung as a whole, its store lookups and reads as well as its Writes.
     pub(super) hanging: bool,
@@ -217,6 +220,13 @@ async fn handle(
             .map(str::to_owned);
         proxy.state().heads.push((Instant::now(), auth));
     }
+    let _ = conn.owner.set(
+        parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    );
     let body = axum::body::to_bytes(body, usize::MAX)
         .await
         .unwrap_or_default();

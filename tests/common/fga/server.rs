@@ -2,6 +2,7 @@
 //! connection without an answer or stop listening on the port.
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -22,7 +23,13 @@ pub(super) enum Control {
 #[derive(Clone)]
 pub(super) struct ConnCtl {
     pub(super) kill: CancellationToken,
+    /// The `Authorization` header of the connection's first request: whose connection it is.
+    pub(super) owner: Arc<OnceLock<Option<String>>>,
 }
+
+/// Told when a client ends a connection (closes it, or breaks off a request), with the
+/// connection's owner (`None`: it sent no request).
+pub(super) type OnEnd = Arc<dyn Fn(Option<String>) + Send + Sync>;
 
 /// Binds 127.0.0.1 on a port below the kernel's ephemeral range when it can: such a port is
 /// never handed to an outgoing connection, so `set_refusing(false)` can take it back.
@@ -66,6 +73,7 @@ pub(super) async fn accept_loop(
     listener: StdTcpListener,
     mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
     app: Router,
+    on_end: OnEnd,
 ) {
     let mut listener = Some(TcpListener::from_std(listener).expect("tokio listener"));
     // Every connection of the current listening period: cancelled and awaited on Stop.
@@ -91,7 +99,12 @@ pub(super) async fn accept_loop(
             },
             accepted = accept(listener.as_ref()) => match accepted {
                 Ok(stream) => {
-                    tracker.spawn(serve_connection(stream, app.clone(), connections.child_token()));
+                    tracker.spawn(serve_connection(
+                        stream,
+                        app.clone(),
+                        connections.child_token(),
+                        on_end.clone(),
+                    ));
                 }
                 // E.g. too many open files: wait a little rather than spin.
                 Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
@@ -110,9 +123,18 @@ pub(super) async fn accept(listener: Option<&TcpListener>) -> std::io::Result<Tc
 
 /// Serves one HTTP/1.1 connection until the client closes it or `kill` fires; on `kill` the
 /// connection future is dropped, which closes the socket without writing anything more.
-pub(super) async fn serve_connection(stream: TcpStream, app: Router, kill: CancellationToken) {
+pub(super) async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    kill: CancellationToken,
+    on_end: OnEnd,
+) {
     let _ = stream.set_nodelay(true);
-    let ctl = ConnCtl { kill: kill.clone() };
+    let owner = Arc::new(OnceLock::new());
+    let ctl = ConnCtl {
+        kill: kill.clone(),
+        owner: owner.clone(),
+    };
     let service = hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
         request.extensions_mut().insert(ctl.clone());
         // `Router` is always ready, so `call` needs no `poll_ready` first.
@@ -121,7 +143,7 @@ pub(super) async fn serve_connection(stream: TcpStream, app: Router, kill: Cance
     let connection = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
     tokio::select! {
-        _ = connection => {}
+        _ = connection => on_end(owner.get().cloned().flatten()),
         _ = kill.cancelled() => {}
     }
 }
