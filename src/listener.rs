@@ -35,6 +35,11 @@ fn wake_payload(oid: i32) -> String {
     (oid as u32).to_string()
 }
 
+/// How long the relay waits for writers to let go of the wake lock before it reads on a timer
+/// for a while (see [`Session::take_wake_lock`]): writers' transactions are mostly a few
+/// milliseconds; the heartbeat queued behind the wait is delayed by at most this.
+pub const WAKE_LOCK_WAIT: Duration = Duration::from_millis(100);
+
 /// What one heartbeat found.
 enum Beat {
     /// Standing by, on the session it began on.
@@ -405,10 +410,32 @@ impl Session {
         self.backend
     }
 
-    /// Takes the wake lock before sleeping: from then on every writer notifies. Never the
-    /// blocking form: a queued exclusive request would block writers' shared tries.
-    pub async fn try_wake_lock(&self) -> Result<bool, tokio_postgres::Error> {
-        self.try_lock(WAKE_LOCK_CLASS).await
+    /// Takes the wake lock before sleeping: from then on every writer notifies. `Ok(false)`:
+    /// writers held it for all of [`WAKE_LOCK_WAIT`].
+    ///
+    /// It waits for the writers that hold it rather than only trying: under a steady stream of
+    /// writers whose transactions overlap, some writer holds it at almost every instant, and a
+    /// relay that only tried would rarely get it, and read on a timer instead of on
+    /// notifications. While the relay's exclusive request is queued, writers' shared *tries*
+    /// fail (PostgreSQL grants no lock that conflicts with a request waiting ahead of it), so
+    /// they notify; those holding it commit and let go. The wait is bounded: a writer's
+    /// transaction may stay open for minutes, and this connection also renews the lease.
+    pub async fn take_wake_lock(&self) -> Result<bool, tokio_postgres::Error> {
+        // One simple-query message runs as one implicit transaction: SET LOCAL bounds only this
+        // wait, and the session-level lock, once granted, outlives the transaction. The keys
+        // are this relay's own integers.
+        let sql = format!(
+            "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_lock({WAKE_LOCK_CLASS}, {})",
+            WAKE_LOCK_WAIT.as_millis(),
+            self.oid
+        );
+        match self.client.simple_query(&sql).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Releases the wake lock on waking: writers stop notifying while the relay is busy.

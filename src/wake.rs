@@ -34,8 +34,9 @@ pub type Ring<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The stream's way to hear of new rows while it waits.
 pub trait Bell: Sync {
-    /// Takes the wake lock: from then on every writer notifies. `Ok(false)`: writers hold it
-    /// (they are inserting now), to be tried again shortly.
+    /// Takes the wake lock, waiting briefly for the writers that hold it: from then on every
+    /// writer notifies. `Ok(false)`: writers held it all that while (a transaction that stays
+    /// open), to be tried again shortly.
     fn listen(&self) -> Ring<'_, Result<bool, tokio_postgres::Error>>;
     /// Lets the wake lock go: writers stop notifying (the relay reads anyway).
     fn mute(&self) -> Ring<'_, Result<(), tokio_postgres::Error>>;

@@ -83,6 +83,10 @@ pub(crate) struct Args {
     /// smoke 10].
     #[arg(long)]
     pub(crate) isolation_seconds: Option<u64>,
+    /// Cases of each property of the delivery stream's model test in the model scenario
+    /// [20000; smoke 0: skipped, the test suite runs 256].
+    #[arg(long)]
+    pub(crate) model_cases: Option<u32>,
     /// Seconds the idle relay is watched [60; smoke 3].
     #[arg(long)]
     pub(crate) idle_seconds: Option<u64>,
@@ -132,6 +136,7 @@ pub(crate) enum Scenario {
     Real,
     Stores,
     Isolation,
+    Model,
 }
 
 /// The sizes of one run, from the flags, `--smoke` and the defaults.
@@ -171,6 +176,7 @@ pub(crate) struct Sizes {
     pub(crate) fga_cpus: f64,
     pub(crate) isolation_backlog: usize,
     pub(crate) isolation_seconds: u64,
+    pub(crate) model_cases: u32,
 }
 
 impl Sizes {
@@ -238,6 +244,7 @@ impl Sizes {
                 .isolation_seconds
                 .unwrap_or(if s { 10 } else { 600 })
                 .max(1),
+            model_cases: a.model_cases.unwrap_or(if s { 0 } else { 20_000 }),
         }
     }
 }

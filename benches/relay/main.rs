@@ -46,6 +46,7 @@ mod idle;
 mod isolation;
 mod latency;
 mod linger;
+mod model;
 mod pgbench;
 mod real;
 mod real_latency;
@@ -90,6 +91,7 @@ async fn run(args: Args) -> Result<()> {
         Scenario::Real,
         Scenario::Stores,
         Scenario::Isolation,
+        Scenario::Model,
     ];
     let chosen: Vec<Scenario> = if args.only.is_empty() {
         all.to_vec()
@@ -117,6 +119,7 @@ async fn run(args: Args) -> Result<()> {
             Scenario::Real => results.real = Some(bench.real(&sizes).await?),
             Scenario::Stores => results.stores = Some(bench.stores(&sizes).await?),
             Scenario::Isolation => results.isolation = Some(bench.isolation(&sizes).await?),
+            Scenario::Model => results.model = model::model(&sizes).await?,
         }
         println!(
             "({scenario:?}: {:.1} s; load average {})",

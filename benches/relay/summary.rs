@@ -32,6 +32,7 @@ pub(crate) struct Results {
     pub(crate) real: Option<Real>,
     pub(crate) stores: Option<StoresResult>,
     pub(crate) isolation: Option<IsolationResult>,
+    pub(crate) model: Option<crate::model::ModelResult>,
 }
 
 pub(crate) fn verdict(ok: bool) -> &'static str {
@@ -439,6 +440,17 @@ impl Results {
             println!(
                 "| (load at the end of the isolation scenario) | {} | | |",
                 i.load
+            );
+        }
+        if let Some(m) = &self.model {
+            println!(
+                "| model: the stream's model test, {} cases of each property | {} passed, {} failed {:?}, in {:.0} s | none fails | {} |",
+                m.cases,
+                m.passed,
+                m.failed.len(),
+                m.failed,
+                m.secs,
+                verdict(m.failed.is_empty())
             );
         }
     }

@@ -10,10 +10,11 @@ use crate::wake::Trigger;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// Trying the wake lock again while writers hold it (they are inserting now, and skip NOTIFY):
-/// quick at first, as writers' transactions are mostly short; capped at 2 s, because a writer's
-/// transaction may stay open for minutes and the relay must not read every few milliseconds all
-/// that time. Rows committed meanwhile wait up to 2 s.
+/// Taking the wake lock again after writers held it through a whole wait for it (a writer's
+/// transaction that stays open, having inserted while the relay was busy: it skipped NOTIFY):
+/// quick at first, capped at 2 s, because such a transaction may stay open for minutes and the
+/// relay must not read every few milliseconds all that time. Rows committed meanwhile wait up
+/// to 2 s (each try queues for the lock, and writers notify while it does).
 const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(2));
 
 /// What one call of the stream keeps.

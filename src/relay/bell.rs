@@ -26,7 +26,7 @@ impl<'a> SessionBell<'a> {
 
 impl Bell for SessionBell<'_> {
     fn listen(&self) -> Ring<'_, Result<bool, tokio_postgres::Error>> {
-        Box::pin(self.session.try_wake_lock())
+        Box::pin(self.session.take_wake_lock())
     }
 
     fn mute(&self) -> Ring<'_, Result<(), tokio_postgres::Error>> {

@@ -95,6 +95,85 @@ async fn a_relay_with_a_full_window_picks_up_a_new_row_and_writers_notify_it() {
     drop(relay);
 }
 
+/// Writers whose transactions overlap without a break (four of them, each holding its insert
+/// open 30 ms) while the relay works through a backlog, which it reads without the wake lock:
+/// at any instant one of them holds the lock's shared side, having skipped NOTIFY. Once the
+/// backlog is delivered the relay still takes the wake lock (it queues for it, and writers that
+/// find it queued notify), so the rows that follow are announced, not found on a timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_whose_transactions_overlap_still_let_the_relay_take_the_wake_lock() {
+    let env = Env::start().await;
+    let relay = env.spawn_relay(&[]);
+    relay.wait_for_log("delivering (leader)").await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..4u64 {
+        let client = env.db.connect().await;
+        let stop = stop.clone();
+        writers.spawn(async move {
+            // Staggered, so that their transactions overlap.
+            tokio::time::sleep(Duration::from_millis(8 * w)).await;
+            let mut ids = Vec::new();
+            let mut i = 0;
+            while !stop.is_cancelled() {
+                let t = tk(&format!("user:w{w}-{i}"), "viewer", "document:o");
+                client.batch_execute("BEGIN").await.unwrap();
+                ids.push(insert_with(&client, writes(&[t])).await);
+                client
+                    .batch_execute("SELECT pg_sleep(0.03); COMMIT")
+                    .await
+                    .unwrap();
+                i += 1;
+            }
+            ids
+        });
+    }
+    // A backlog larger than a read: the relay lets the wake lock go while it reads on.
+    let admin = env.db.connect().await;
+    let backlog: Vec<i64> = admin
+        .query(
+            "INSERT INTO fga_outbox (payload) \
+             SELECT jsonb_build_object('writes', jsonb_build_array(jsonb_build_object( \
+                 'user', 'user:b' || g, 'relation', 'viewer', 'object', 'document:b'))) \
+             FROM generate_series(1, 300) g RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let undelivered = |ids: Vec<i64>| {
+        let admin = &admin;
+        async move {
+            crate::common::pg::count(
+                admin,
+                "SELECT count(*) FROM fga_outbox WHERE id = ANY($1) AND processed_at IS NULL",
+                &[&ids],
+            )
+            .await
+        }
+    };
+    wait_until(PROMPTLY, "the backlog is delivered", || {
+        let left = undelivered(backlog.clone());
+        async move { left.await == 0 }
+    })
+    .await;
+    wait_until(
+        PROMPTLY,
+        "the relay holds the wake lock while writers' transactions overlap",
+        || async { crate::common::relay::relay_sleeps(&admin, true).await },
+    )
+    .await;
+    stop.cancel();
+    let mut ids = Vec::new();
+    while let Some(w) = writers.join_next().await {
+        ids.extend(w.unwrap());
+    }
+    env.wait_drained().await;
+    assert_eq!(undelivered(ids).await, 0);
+}
+
 /// A row that commits late, with an id below rows read already, is never overtaken by a row
 /// committed after it on the same tuple: writer 1 inserts the grant (the lowest id) and commits
 /// only once the relay's first Write has left; writer 2, serialised behind it on a business
