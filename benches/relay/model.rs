@@ -5,9 +5,8 @@
 
 use crate::args::Sizes;
 use anyhow::{Context, Result, bail};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Instant;
-use tokio::process::Command;
 
 #[derive(Clone, Debug)]
 pub(crate) struct ModelResult {
@@ -35,24 +34,28 @@ fn cargo_test(build_only: bool) -> Command {
 }
 
 pub(crate) async fn model(sizes: &Sizes) -> Result<Option<ModelResult>> {
-    if sizes.model_cases == 0 {
+    let cases = sizes.model_cases;
+    // Minutes of a child process: off the runtime's workers.
+    tokio::task::spawn_blocking(move || run(cases)).await?
+}
+
+fn run(cases: u32) -> Result<Option<ModelResult>> {
+    if cases == 0 {
         println!("skipped (the test suite runs the model at 256 cases; --model-cases sets more)");
         return Ok(None);
     }
     let built = cargo_test(true)
         .stdout(Stdio::null())
         .status()
-        .await
         .context("build the library's tests in release")?;
     if !built.success() {
         bail!("building the library's tests in release failed ({built})");
     }
     let started = Instant::now();
     let out = cargo_test(false)
-        .env("FGA_RELAY_MODEL_CASES", sizes.model_cases.to_string())
+        .env("FGA_RELAY_MODEL_CASES", cases.to_string())
         .stderr(Stdio::null())
         .output()
-        .await
         .context("run the model test")?;
     let secs = started.elapsed().as_secs_f64();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -76,13 +79,13 @@ pub(crate) async fn model(sizes: &Sizes) -> Result<Option<ModelResult>> {
     }
     println!(
         "{} cases of each of {} properties in {secs:.0} s: {passed} passed, {} failed {:?}",
-        sizes.model_cases,
+        cases,
         passed + failed.len(),
         failed.len(),
         failed
     );
     Ok(Some(ModelResult {
-        cases: sizes.model_cases,
+        cases,
         secs,
         passed,
         failed,
