@@ -84,7 +84,7 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) isolation_seconds: Option<u64>,
     /// Cases of each property of the delivery stream's model test in the model scenario
-    /// [20000; smoke 0: skipped, the test suite runs 256].
+    /// [100000; smoke 0: skipped, the test suite runs 256].
     #[arg(long)]
     pub(crate) model_cases: Option<u32>,
     /// Seconds the idle relay is watched [60; smoke 3].
@@ -244,7 +244,7 @@ impl Sizes {
                 .isolation_seconds
                 .unwrap_or(if s { 10 } else { 600 })
                 .max(1),
-            model_cases: a.model_cases.unwrap_or(if s { 0 } else { 20_000 }),
+            model_cases: a.model_cases.unwrap_or(if s { 0 } else { 100_000 }),
         }
     }
 }

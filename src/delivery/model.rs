@@ -14,7 +14,7 @@
 //! - no store delayed by another store's trouble: while one store fails for good, every row of
 //!   the healthy stores is delivered within a bounded time of its commit, never failing once.
 //!
-//! `FGA_RELAY_MODEL_CASES` sets the number of cases (the bench's model scenario runs 20,000).
+//! `FGA_RELAY_MODEL_CASES` sets the number of cases (the bench's model scenario runs 100,000).
 
 use super::core::{Core, Flight};
 use super::order::{Candidate, key_hash};
