@@ -107,130 +107,39 @@ impl Session {
         oid: i32,
         opts: SessionOptions<'_>,
     ) -> Result<Session, tokio_postgres::Error> {
-        let (client, mut connection) = crate::db::connect_dedicated(cfg).await?;
+        let (client, connection) = crate::db::connect_dedicated(cfg).await?;
         let client = Arc::new(client);
         let wake = Arc::new(Notify::new());
         let lost = CancellationToken::new();
         let probe = Arc::new(Notify::new());
         let probe_payload = format!("{PROBE_PREFIX}{}", fastrand::u64(..));
 
-        let driver = {
-            let wake = wake.clone();
-            let lost = lost.clone();
-            let probe = probe.clone();
-            let probe_payload = probe_payload.clone();
-            let on_notification = opts.on_notification.clone();
-            // Tables of one name in two schemas share the channel; each trigger names its own.
-            let ours = wake_payload(oid);
-            tokio::spawn(async move {
-                loop {
-                    let msg = tokio::select! {
-                        m = poll_fn(|cx| connection.poll_message(cx)) => m,
-                        _ = lost.cancelled() => break,
-                    };
-                    match msg {
-                        Some(Ok(AsyncMessage::Notification(n))) => {
-                            if n.payload() == probe_payload {
-                                probe.notify_one();
-                            } else if n.payload() == ours || n.payload().is_empty() {
-                                on_notification();
-                                wake.notify_one();
-                            }
-                        }
-                        Some(Ok(AsyncMessage::Notice(n))) => {
-                            debug!(notice = %n.message(), "PostgreSQL notice");
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => {
-                            warn!(error = %crate::db::describe(&e), "dedicated connection failed");
-                            break;
-                        }
-                        None => {
-                            warn!("dedicated connection closed by the server");
-                            break;
-                        }
-                    }
-                }
-                lost.cancel();
-            })
-        };
+        let driver = tokio::spawn(drive(
+            connection,
+            Ears {
+                wake: wake.clone(),
+                lost: lost.clone(),
+                probe: probe.clone(),
+                probe_payload: probe_payload.clone(),
+                on_notification: opts.on_notification.clone(),
+                // Tables of one name in two schemas share the channel; each trigger names its
+                // own.
+                ours: wake_payload(oid),
+            },
+        ));
 
         let term = SendWindow::default();
         // The session's pid, once read: the heartbeat starts before.
         let first_pid = Arc::new(std::sync::OnceLock::new());
-        let heartbeat = {
-            let client = client.clone();
-            let lost = lost.clone();
-            let every = opts.heartbeat;
-            let lease = opts.lease.clone();
-            let term = term.clone();
-            let (pooler, first_pid) = (opts.pooler.clone(), first_pid.clone());
-            tokio::spawn(async move {
-                // On a fixed cadence, not a heartbeat after the previous answer: renewals that
-                // each take most of a heartbeat must not add up. Renewal k+1 is due one
-                // heartbeat after renewal k was due and is answered within a heartbeat of that
-                // (or the connection counts as dead), so it is answered before renewal k's
-                // window (sent + lease - margin, the lease at least three heartbeats and the
-                // margin one) ends; a term taken between two ticks is renewed at the next.
-                let mut ticks =
-                    tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-                loop {
-                    let due = tokio::select! {
-                        due = ticks.tick() => due,
-                        _ = lost.cancelled() => return,
-                    };
-                    let sent = LeaseInstant::now();
-                    let leading = term.end().is_some();
-                    // Every beat but a successful renewal asks for the session's pid: one that
-                    // changed is a pooler in transaction mode (see `db::pooler`), not a takeover.
-                    let check = async {
-                        if leading && lease.renew(&client).await? {
-                            return Ok(Beat::Renewed);
-                        }
-                        let now = backend_pid(&client).await?;
-                        if let (Some(&was), Some(now)) = (first_pid.get(), now)
-                            && pooler.check_pid(was, now)
-                        {
-                            return Ok(Beat::Moved);
-                        }
-                        Ok(if leading {
-                            Beat::TakenOver
-                        } else {
-                            Beat::Alive
-                        })
-                    };
-                    match tokio::time::timeout_at(due + every, check).await {
-                        Ok(Ok(Beat::Alive)) => {}
-                        Ok(Ok(Beat::Renewed)) => {
-                            term.extend_to(sent + lease.lease - lease.margin);
-                        }
-                        Ok(Ok(Beat::TakenOver)) => {
-                            if term.end().is_some() {
-                                warn!("another relay has taken over leadership");
-                                lost.cancel();
-                                return;
-                            }
-                        }
-                        Ok(Ok(Beat::Moved)) => {
-                            lost.cancel();
-                            return;
-                        }
-                        Ok(Err(e)) => {
-                            pooler.check(&e);
-                            warn!(error = %crate::db::describe(&e), "heartbeat failed");
-                            lost.cancel();
-                            return;
-                        }
-                        Err(_) => {
-                            warn!(timeout = ?every, "heartbeat got no answer: the connection is dead");
-                            lost.cancel();
-                            return;
-                        }
-                    }
-                }
-            })
-        };
+        let heartbeat = tokio::spawn(beat(Pulse {
+            client: client.clone(),
+            lost: lost.clone(),
+            every: opts.heartbeat,
+            lease: opts.lease.clone(),
+            term: term.clone(),
+            pooler: opts.pooler.clone(),
+            first_pid: first_pid.clone(),
+        }));
 
         crate::db::setup_session(cfg, &client).await?;
         let backend = crate::leadership::backend(&client).await?;
@@ -464,6 +373,152 @@ impl Drop for Session {
         self.lost.cancel();
         for t in &self.tasks {
             t.abort();
+        }
+    }
+}
+
+/// What the dedicated connection's driver tells of what arrives on it.
+struct Ears {
+    wake: Arc<Notify>,
+    lost: CancellationToken,
+    /// The probe `check_notifications` sends itself, and where it says it arrived.
+    probe: Arc<Notify>,
+    probe_payload: String,
+    on_notification: Arc<dyn Fn() + Send + Sync>,
+    /// The payload of this table's trigger.
+    ours: String,
+}
+
+/// Drives the dedicated connection until it ends or the session is lost: notifications wake
+/// the stream (or answer the probe), notices are logged; an end of any kind loses the session.
+async fn drive(
+    mut connection: tokio_postgres::Connection<tokio_postgres::Socket, crate::db::TlsStream>,
+    ears: Ears,
+) {
+    let Ears {
+        wake,
+        lost,
+        probe,
+        probe_payload,
+        on_notification,
+        ours,
+    } = ears;
+    loop {
+        let msg = tokio::select! {
+            m = poll_fn(|cx| connection.poll_message(cx)) => m,
+            _ = lost.cancelled() => break,
+        };
+        match msg {
+            Some(Ok(AsyncMessage::Notification(n))) => {
+                if n.payload() == probe_payload {
+                    probe.notify_one();
+                } else if n.payload() == ours || n.payload().is_empty() {
+                    on_notification();
+                    wake.notify_one();
+                }
+            }
+            Some(Ok(AsyncMessage::Notice(n))) => {
+                debug!(notice = %n.message(), "PostgreSQL notice");
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                warn!(error = %crate::db::describe(&e), "dedicated connection failed");
+                break;
+            }
+            None => {
+                warn!("dedicated connection closed by the server");
+                break;
+            }
+        }
+    }
+    lost.cancel();
+}
+
+/// What the heartbeat needs.
+struct Pulse {
+    client: Arc<Client>,
+    lost: CancellationToken,
+    every: Duration,
+    lease: Arc<Lease>,
+    /// The send window the renewals move on.
+    term: SendWindow,
+    pooler: Arc<crate::db::pooler::PoolerCheck>,
+    /// The session's pid, once read.
+    first_pid: Arc<std::sync::OnceLock<i32>>,
+}
+
+/// Beats until the session is lost: renews the lease while leading, and loses the session when
+/// a beat fails, goes unanswered, or finds the session taken over or moved.
+async fn beat(pulse: Pulse) {
+    let Pulse {
+        client,
+        lost,
+        every,
+        lease,
+        term,
+        pooler,
+        first_pid,
+    } = pulse;
+    // On a fixed cadence, not a heartbeat after the previous answer: renewals that
+    // each take most of a heartbeat must not add up. Renewal k+1 is due one
+    // heartbeat after renewal k was due and is answered within a heartbeat of that
+    // (or the connection counts as dead), so it is answered before renewal k's
+    // window (sent + lease - margin, the lease at least three heartbeats and the
+    // margin one) ends; a term taken between two ticks is renewed at the next.
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let due = tokio::select! {
+            due = ticks.tick() => due,
+            _ = lost.cancelled() => return,
+        };
+        let sent = LeaseInstant::now();
+        let leading = term.end().is_some();
+        // Every beat but a successful renewal asks for the session's pid: one that
+        // changed is a pooler in transaction mode (see `db::pooler`), not a takeover.
+        let check = async {
+            if leading && lease.renew(&client).await? {
+                return Ok(Beat::Renewed);
+            }
+            let now = backend_pid(&client).await?;
+            if let (Some(&was), Some(now)) = (first_pid.get(), now)
+                && pooler.check_pid(was, now)
+            {
+                return Ok(Beat::Moved);
+            }
+            Ok(if leading {
+                Beat::TakenOver
+            } else {
+                Beat::Alive
+            })
+        };
+        match tokio::time::timeout_at(due + every, check).await {
+            Ok(Ok(Beat::Alive)) => {}
+            Ok(Ok(Beat::Renewed)) => {
+                term.extend_to(sent + lease.lease - lease.margin);
+            }
+            Ok(Ok(Beat::TakenOver)) => {
+                if term.end().is_some() {
+                    warn!("another relay has taken over leadership");
+                    lost.cancel();
+                    return;
+                }
+            }
+            Ok(Ok(Beat::Moved)) => {
+                lost.cancel();
+                return;
+            }
+            Ok(Err(e)) => {
+                pooler.check(&e);
+                warn!(error = %crate::db::describe(&e), "heartbeat failed");
+                lost.cancel();
+                return;
+            }
+            Err(_) => {
+                warn!(timeout = ?every, "heartbeat got no answer: the connection is dead");
+                lost.cancel();
+                return;
+            }
         }
     }
 }
