@@ -612,3 +612,109 @@ async fn a_retried_row_is_superseded_only_by_rows_of_its_store() {
         relay.logs()
     );
 }
+
+/// `run` with the configured store given by name (`FGA_STORE_NAME`), with this extra
+/// environment.
+fn spawn_relay_by_name(env: &Env, extra: &[(&str, &str)]) -> RelayProc {
+    let mut vars = vec![
+        ("FGA_STORE_ID", ""),
+        ("FGA_STORE_NAME", env.fga.store_name()),
+    ];
+    vars.extend_from_slice(extra);
+    env.spawn_relay(&vars)
+}
+
+/// The operations OpenFGA applied on `user`'s `viewer` of `document:1` in `store`, in order
+/// (`true`: a write).
+fn applied_in(fga: &Fga, store: &str, user: &str) -> Vec<bool> {
+    fga.changelog_in(store)
+        .iter()
+        .filter(|c| c.user == user && c.relation == "viewer" && c.object == "document:1")
+        .map(|c| c.op == crate::common::fga::Op::Write)
+        .collect()
+}
+
+/// A relay given its store by name while OpenFGA's ListStores fails says why its rows wait and
+/// what to look at, and holds them: the rows naming a store (the configured one by its id, or
+/// another) wait, with every row after them, and the rows naming none fail for want of the
+/// store's id, struck never. Nothing reaches OpenFGA meanwhile. Once ListStores answers, every
+/// row is delivered to its store, in id order per (store, tuple): a revoke naming the configured
+/// store's id between two grants naming none is applied between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_wait_while_the_store_name_cannot_be_resolved_then_go_in_order() {
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    let b = env.fga.add_store();
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 1_000_000).on_list_stores());
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    let client = env.db.connect().await;
+    let mut ids = Vec::new();
+    for row in [
+        writes(&anne()),
+        in_store(deletes(&anne()), &a),
+        in_store(writes(&anne()), &b),
+        writes(&anne()),
+        in_store(deletes(&anne()), &b),
+        in_store(writes(&[tk("user:carol", "viewer", "document:1")]), &a),
+    ] {
+        ids.push(insert_with(&client, row).await);
+    }
+    let relay = spawn_relay_by_name(&env, &[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    // The first row names no store: it is tried, and fails before its Write leaves.
+    wait_until(PROMPTLY, "the first row is tried 3 times", || async {
+        env.row(ids[0]).await.attempts >= 3
+    })
+    .await;
+    let logs = relay.logs();
+    for words in [
+        "cannot check the OpenFGA store now; starting anyway and retrying",
+        "a row names a store, and the configured store's id is not known yet (--store-name \
+         cannot be resolved: is OpenFGA's ListStores answering?); the row and those after it \
+         wait until it is",
+        "ListStores answered 500 Internal Server Error",
+    ] {
+        assert!(
+            logs.contains(words),
+            "the log does not say {words:?}:\n{logs}"
+        );
+    }
+    let first = env.row(ids[0]).await;
+    assert!(
+        first
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("ListStores answered 500"),
+        "{first:?}"
+    );
+    assert!(
+        env.fga.writes().is_empty(),
+        "a Write left while the store's id was not known: {:?}; relay log:\n{logs}",
+        env.fga.writes()
+    );
+    for id in &ids {
+        let r = env.row(*id).await;
+        assert!(
+            !r.delivered && !r.dead,
+            "row {id} ended {r:?}; relay log:\n{logs}"
+        );
+    }
+    env.fga.clear_faults();
+    for id in &ids {
+        env.wait_delivered(*id).await;
+    }
+    assert_eq!(env.dead().await, 0, "relay log:\n{}", relay.logs());
+    assert_eq!(
+        (
+            applied_in(&env.fga, &a, "user:anne"),
+            applied_in(&env.fga, &b, "user:anne")
+        ),
+        (vec![true, false, true], vec![true, false]),
+        "not applied in id order per (store, tuple); relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.fga.has_in(&a, "user:carol", "viewer", "document:1"));
+    assert!(!env.fga.has_in(&b, "user:carol", "viewer", "document:1"));
+}
