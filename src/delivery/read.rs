@@ -47,6 +47,19 @@ enum Unqueued {
     Unresolved,
 }
 
+/// Says why row `id` (naming `store`, or none: `""`) and the rows after it wait: `what` needs
+/// the configured store's id, and `--store-name` cannot be resolved.
+fn unresolved(id: i64, store: &str, what: &str) -> Unqueued {
+    warn!(
+        id,
+        store,
+        "{what}, and the configured store's id is not known yet (--store-name cannot be \
+         resolved: is OpenFGA's ListStores answering?); the row and those after it wait until \
+         it is"
+    );
+    Unqueued::Unresolved
+}
+
 impl Deliverer {
     /// Reads the lowest pending rows not in hand (of stores not held) into the queue: at most
     /// `limit`. With `lock` (nothing in hand), it reads them locked, and keeps the transaction
@@ -109,7 +122,7 @@ impl Deliverer {
                 Ok(Some(id)) => ids.push(id),
                 Ok(None) => {}
                 Err(Unqueued::Unresolved) => {
-                    self.core.due_at(Instant::now() + UNRESOLVED_STORE_WAIT);
+                    self.read_again_at = Some(Instant::now() + UNRESOLVED_STORE_WAIT);
                     return Ok((ids, true));
                 }
             }
@@ -150,14 +163,8 @@ impl Deliverer {
             }
         };
         let Some(target) = self.target_of(&payload).await else {
-            warn!(
-                id = row.id,
-                store = payload.store.as_deref().unwrap_or(""),
-                "a row names a store, and the configured store's id is not known yet \
-                 (--store-name cannot be resolved: is OpenFGA's ListStores answering?); the \
-                 row and those after it wait until it is"
-            );
-            return Ok(Err(Unqueued::Unresolved));
+            let store = payload.store.as_deref().unwrap_or("");
+            return Ok(Err(unresolved(row.id, store, "a row names a store")));
         };
         let hashes: Vec<u64> = payload
             .ops
@@ -174,8 +181,12 @@ impl Deliverer {
                 conn.batch_execute("ROLLBACK").await?;
             }
             let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
-                // Which later rows are of its store cannot be told.
-                return Ok(Err(Unqueued::Unresolved));
+                // Which later rows are of its store cannot be told: a row naming the configured
+                // store's id is of its store.
+                let store = payload.store.as_deref().unwrap_or("");
+                let what = "a retried row is to be checked for later rows of its store that \
+                    superseded it";
+                return Ok(Err(unresolved(row.id, store, what)));
             };
             self.skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
                 .await?;

@@ -718,3 +718,68 @@ async fn rows_wait_while_the_store_name_cannot_be_resolved_then_go_in_order() {
     assert!(env.fga.has_in(&a, "user:carol", "viewer", "document:1"));
     assert!(!env.fga.has_in(&b, "user:carol", "viewer", "document:1"));
 }
+
+/// A dead row brought back (`retry`) while `--store-name` cannot be resolved waits until it can:
+/// which later rows are of its store is told by the configured store's id, and a later row
+/// naming that id is of its store. Here a grant was dead-lettered and a later revoke naming the
+/// configured store's id delivered; the grant retried under a relay that starts while ListStores
+/// fails (three times) is skipped as superseded once the name resolves, never replayed over the
+/// revoke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_row_waits_for_the_store_name_and_a_row_naming_its_id_supersedes_it() {
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    env.fga
+        .push_fault(crate::order::invalid("user:anne", "viewer", "document:1"));
+    let grant = env.insert(writes(&anne())).await;
+    let revoke = env.insert(in_store(deletes(&anne()), &a)).await;
+    let drained = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .env_remove("FGA_STORE_ID")
+        .env("FGA_STORE_NAME", env.fga.store_name())
+        .output()
+        .unwrap();
+    assert_success(&drained, "drain with FGA_STORE_NAME");
+    assert!(env.row(grant).await.dead && env.row(revoke).await.delivered);
+    let resolved = env.fga.list_stores().len();
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 3).on_list_stores());
+    assert_success(
+        &env.command(&["retry", &grant.to_string()])
+            .output()
+            .unwrap(),
+        "retry",
+    );
+    let relay = spawn_relay_by_name(&env, &[]);
+    env.wait_delivered(grant).await;
+    let asked = env.fga.list_stores();
+    assert_eq!(
+        asked.get(resolved..resolved + 4),
+        Some(&[500, 500, 500, 200][..]),
+        "the relay did not start with the store's name unresolved"
+    );
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the retried grant was replayed over the later revoke naming the configured store \
+         (applied: {:?}); relay log:\n{}",
+        applied_in(&env.fga, &a, "user:anne"),
+        relay.logs()
+    );
+    assert_eq!(applied_in(&env.fga, &a, "user:anne"), Vec::<bool>::new());
+    let note = env.row(grant).await.last_error.unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "superseded by later delivered rows: write document:1#viewer@user:anne (row {revoke})"
+        )),
+        "{note}"
+    );
+    let logs = relay.logs();
+    assert!(
+        logs.contains(
+            "a retried row is to be checked for later rows of its store that superseded it, \
+             and the configured store's id is not known yet"
+        ),
+        "the log does not say why the retried row waits:\n{logs}"
+    );
+}
