@@ -156,9 +156,13 @@ impl Deliverer {
                 }
                 // Held by another session, or changed since it was read: looked at again soon,
                 // with what it says then. Meanwhile it bars the later rows of its store.
+                if let Err(e) = self
+                    .bar(row.id, row.created_at, read.unwrap_or_default())
+                    .await
+                {
+                    return Ok(Err(e));
+                }
                 self.core.report.locked += 1;
-                self.bar(row.id, row.created_at, read.unwrap_or_default())
-                    .await;
                 return Ok(Ok(Some(row.id)));
             }
         };
@@ -206,14 +210,26 @@ impl Deliverer {
 
     /// Queues a row that cannot be decoded and could not be dead-lettered, as a bar to the later
     /// rows of the store its payload names (as far as that can be read), held back briefly.
-    async fn bar(&mut self, id: i64, created_at: std::time::SystemTime, text: &str) {
+    /// Not while the store it names cannot be told from the configured one.
+    async fn bar(
+        &mut self,
+        id: i64,
+        created_at: std::time::SystemTime,
+        text: &str,
+    ) -> Result<(), Unqueued> {
         let named: Option<Arc<str>> = serde_json::from_str::<serde_json::Value>(text)
             .ok()
             .and_then(|v| v.get("store_id")?.as_str().map(Arc::from));
         let target = match &named {
             None => Target::default(),
-            Some(_) => {
-                let configured = self.client.configured_store_id().unwrap_or_default();
+            Some(store) => {
+                // Naming the configured store's id, it bars the rows naming none: that id is
+                // resolved, not taken as unknown, or those rows would overtake it.
+                let Ok(configured) = self.client.store_id().await else {
+                    let what =
+                        "a row that cannot be decoded, held by another session, names a store";
+                    return Err(unresolved(id, store, what));
+                };
                 Target::of(named.as_ref(), None, configured)
             }
         };
@@ -228,6 +244,7 @@ impl Deliverer {
         });
         self.core.bars += 1;
         self.core.hold_back(id, Instant::now());
+        Ok(())
     }
 
     /// Looks again at the rows that bar their store (undecodable, held by another session) whose

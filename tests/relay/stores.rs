@@ -8,8 +8,8 @@ use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::metrics::scrape;
 use crate::common::pg::{PROMPTLY, count};
 use crate::common::relay::{
-    Env, RelayProc, accepted_writes, assert_success, deletes, insert_with, poll_until, tk,
-    wait_until, writes,
+    Env, RelayProc, accepted_writes, assert_success, deletes, insert_text, insert_with, poll_until,
+    tk, wait_until, writes,
 };
 use crate::delivery::mixed_payload;
 use serde_json::{Value, json};
@@ -782,4 +782,54 @@ async fn a_retried_row_waits_for_the_store_name_and_a_row_naming_its_id_supersed
         ),
         "the log does not say why the retried row waits:\n{logs}"
     );
+}
+
+/// A row that cannot be decoded, naming the configured store's id, that another session holds
+/// bars the later rows naming no store (they are the same store's), also under a relay that
+/// started with its store's name unresolved: the store it bars is told by the name resolved,
+/// not guessed. Corrected into a revoke of a tuple that a later row grants, it goes first:
+/// OpenFGA ends holding the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_undecodable_row_naming_the_configured_stores_id_bars_its_rows_by_name_too() {
+    const LOOKED: &str = "not dead-lettered: another session holds the row";
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    // The check at start fails: the relay starts with the name unresolved.
+    env.fga
+        .push_fault(FaultRule::once(Fault::internal()).on_list_stores());
+    let admin = env.db.connect().await;
+    let bad = insert_text(&admin, &json!({ "store_id": a, "writes": [] }).to_string())
+        .await
+        .unwrap();
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&bad])
+        .await
+        .unwrap();
+    let relay = spawn_relay_by_name(&env, &[]);
+    relay.wait_for_log(LOOKED).await;
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    let grant = env.insert(writes(&anne())).await;
+    // The relay has looked at the held row twice since: a relay that let the grant go would
+    // have sent it by then.
+    let seen = relay.logs().matches(LOOKED).count();
+    relay.wait_for_log_count(LOOKED, seen + 2).await;
+    let overtaken = env.row(grant).await.delivered;
+    holder
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&bad, &in_store(deletes(&anne()), &a)],
+        )
+        .await
+        .unwrap();
+    holder.batch_execute("COMMIT").await.unwrap();
+    env.wait_drained().await;
+    assert!(
+        !overtaken && env.fga.has("user:anne", "viewer", "document:1"),
+        "the grant went before the corrected revoke (overtaken: {overtaken}); relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.row(bad).await.delivered);
+    assert_eq!(env.fga.list_stores().first(), Some(&500));
 }
