@@ -662,7 +662,8 @@ async fn rows_wait_while_the_store_name_cannot_be_resolved_then_go_in_order() {
     }
     let relay = spawn_relay_by_name(&env, &[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
     relay.wait_for_log("delivering (leader)").await;
-    // The first row names no store: it is tried, and fails before its Write leaves.
+    // The first row names no store: it is tried, and fails before its Write leaves. A third
+    // try with `--max-attempts 2`, the row still pending below: none of the failures struck it.
     wait_until(PROMPTLY, "the first row is tried 3 times", || async {
         env.row(ids[0]).await.attempts >= 3
     })
