@@ -138,6 +138,10 @@ pub struct Deliverer {
     want_read: bool,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
+    /// A read stopped at a row that waits for the configured store's id (`--store-name` not
+    /// resolved yet): when to read again. Apart from the core's `due`, which each turn's
+    /// planning sets anew from the rows in the queue: no row in the queue says this.
+    read_again_at: Option<Instant>,
     /// When a Write last landed, or left with none in flight: while Writes are in flight, the
     /// stream is alive only if one lands now and then (each has a deadline); one stuck on a
     /// connection that never answers stops the beats.
@@ -164,6 +168,7 @@ impl Deliverer {
             ahead: Ahead::default(),
             want_read: true,
             last_read: None,
+            read_again_at: None,
             progress: Instant::now(),
             liveness,
         }
@@ -224,7 +229,7 @@ impl Deliverer {
         }
         turn.mute(&controls).await;
         turn.end(self).await?;
-        self.core.report.next_due = self.core.due;
+        self.core.report.next_due = self.core.due.into_iter().chain(self.read_again_at).min();
         Ok(std::mem::take(&mut self.core.report))
     }
 }

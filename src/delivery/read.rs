@@ -47,6 +47,19 @@ enum Unqueued {
     Unresolved,
 }
 
+/// Says why row `id` (naming `store`, or none: `""`) and the rows after it wait: `what` needs
+/// the configured store's id, and `--store-name` cannot be resolved.
+fn unresolved(id: i64, store: &str, what: &str) -> Unqueued {
+    warn!(
+        id,
+        store,
+        "{what}, and the configured store's id is not known yet (--store-name cannot be \
+         resolved: is OpenFGA's ListStores answering?); the row and those after it wait until \
+         it is"
+    );
+    Unqueued::Unresolved
+}
+
 impl Deliverer {
     /// Reads the lowest pending rows not in hand (of stores not held) into the queue: at most
     /// `limit`. With `lock` (nothing in hand), it reads them locked, and keeps the transaction
@@ -109,7 +122,7 @@ impl Deliverer {
                 Ok(Some(id)) => ids.push(id),
                 Ok(None) => {}
                 Err(Unqueued::Unresolved) => {
-                    self.core.due_at(Instant::now() + UNRESOLVED_STORE_WAIT);
+                    self.read_again_at = Some(Instant::now() + UNRESOLVED_STORE_WAIT);
                     return Ok((ids, true));
                 }
             }
@@ -143,21 +156,19 @@ impl Deliverer {
                 }
                 // Held by another session, or changed since it was read: looked at again soon,
                 // with what it says then. Meanwhile it bars the later rows of its store.
+                if let Err(e) = self
+                    .bar(row.id, row.created_at, read.unwrap_or_default())
+                    .await
+                {
+                    return Ok(Err(e));
+                }
                 self.core.report.locked += 1;
-                self.bar(row.id, row.created_at, read.unwrap_or_default())
-                    .await;
                 return Ok(Ok(Some(row.id)));
             }
         };
         let Some(target) = self.target_of(&payload).await else {
-            warn!(
-                id = row.id,
-                store = payload.store.as_deref().unwrap_or(""),
-                "a row names a store, and the configured store's id is not known yet \
-                 (--store-name cannot be resolved: is OpenFGA's ListStores answering?); the \
-                 row and those after it wait until it is"
-            );
-            return Ok(Err(Unqueued::Unresolved));
+            let store = payload.store.as_deref().unwrap_or("");
+            return Ok(Err(unresolved(row.id, store, "a row names a store")));
         };
         let hashes: Vec<u64> = payload
             .ops
@@ -174,8 +185,12 @@ impl Deliverer {
                 conn.batch_execute("ROLLBACK").await?;
             }
             let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
-                // Which later rows are of its store cannot be told.
-                return Ok(Err(Unqueued::Unresolved));
+                // Which later rows are of its store cannot be told: a row naming the configured
+                // store's id is of its store.
+                let store = payload.store.as_deref().unwrap_or("");
+                let what = "a retried row is to be checked for later rows of its store that \
+                    superseded it";
+                return Ok(Err(unresolved(row.id, store, what)));
             };
             self.skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
                 .await?;
@@ -195,14 +210,26 @@ impl Deliverer {
 
     /// Queues a row that cannot be decoded and could not be dead-lettered, as a bar to the later
     /// rows of the store its payload names (as far as that can be read), held back briefly.
-    async fn bar(&mut self, id: i64, created_at: std::time::SystemTime, text: &str) {
+    /// Not while the store it names cannot be told from the configured one.
+    async fn bar(
+        &mut self,
+        id: i64,
+        created_at: std::time::SystemTime,
+        text: &str,
+    ) -> Result<(), Unqueued> {
         let named: Option<Arc<str>> = serde_json::from_str::<serde_json::Value>(text)
             .ok()
             .and_then(|v| v.get("store_id")?.as_str().map(Arc::from));
         let target = match &named {
             None => Target::default(),
-            Some(_) => {
-                let configured = self.client.configured_store_id().unwrap_or_default();
+            Some(store) => {
+                // Naming the configured store's id, it bars the rows naming none: that id is
+                // resolved, not taken as unknown, or those rows would overtake it.
+                let Ok(configured) = self.client.store_id().await else {
+                    let what =
+                        "a row that cannot be decoded, held by another session, names a store";
+                    return Err(unresolved(id, store, what));
+                };
                 Target::of(named.as_ref(), None, configured)
             }
         };
@@ -217,6 +244,7 @@ impl Deliverer {
         });
         self.core.bars += 1;
         self.core.hold_back(id, Instant::now());
+        Ok(())
     }
 
     /// Looks again at the rows that bar their store (undecodable, held by another session) whose

@@ -250,10 +250,15 @@ impl Deliverer {
                 }
             }
         }
-        let due = [self.core.due, turn.linger_until, turn.listen_at]
-            .into_iter()
-            .flatten()
-            .min();
+        let due = [
+            self.core.due,
+            self.read_again_at,
+            turn.linger_until,
+            turn.listen_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let timer = async {
             match due {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -301,6 +306,7 @@ impl Deliverer {
                 // A row or store came due (its store's rows are read again), a put-off read, or
                 // the wake lock's next try.
                 self.core.due = None;
+                self.read_again_at = None;
                 self.want_read = true;
                 turn.listen_at = None;
             }

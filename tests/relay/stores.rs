@@ -8,8 +8,8 @@ use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::metrics::scrape;
 use crate::common::pg::{PROMPTLY, count};
 use crate::common::relay::{
-    Env, RelayProc, accepted_writes, assert_success, deletes, insert_with, poll_until, tk,
-    wait_until, writes,
+    Env, RelayProc, accepted_writes, assert_success, deletes, insert_text, insert_with, poll_until,
+    tk, wait_until, writes,
 };
 use crate::delivery::mixed_payload;
 use serde_json::{Value, json};
@@ -611,4 +611,226 @@ async fn a_retried_row_is_superseded_only_by_rows_of_its_store() {
         "the retried row's write was skipped for another store's row; relay log:\n{}",
         relay.logs()
     );
+}
+
+/// `run` with the configured store given by name (`FGA_STORE_NAME`), with this extra
+/// environment.
+fn spawn_relay_by_name(env: &Env, extra: &[(&str, &str)]) -> RelayProc {
+    let mut vars = vec![
+        ("FGA_STORE_ID", ""),
+        ("FGA_STORE_NAME", env.fga.store_name()),
+    ];
+    vars.extend_from_slice(extra);
+    env.spawn_relay(&vars)
+}
+
+/// The operations OpenFGA applied on `user`'s `viewer` of `document:1` in `store`, in order
+/// (`true`: a write).
+fn applied_in(fga: &Fga, store: &str, user: &str) -> Vec<bool> {
+    fga.changelog_in(store)
+        .iter()
+        .filter(|c| c.user == user && c.relation == "viewer" && c.object == "document:1")
+        .map(|c| c.op == crate::common::fga::Op::Write)
+        .collect()
+}
+
+/// A relay given its store by name while OpenFGA's ListStores fails says why its rows wait and
+/// what to look at, and holds them: the rows naming a store (the configured one by its id, or
+/// another) wait, with every row after them, and the rows naming none fail for want of the
+/// store's id, struck never. Nothing reaches OpenFGA meanwhile. Once ListStores answers, every
+/// row is delivered to its store, in id order per (store, tuple): a revoke naming the configured
+/// store's id between two grants naming none is applied between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_wait_while_the_store_name_cannot_be_resolved_then_go_in_order() {
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    let b = env.fga.add_store();
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 1_000_000).on_list_stores());
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    let client = env.db.connect().await;
+    let mut ids = Vec::new();
+    for row in [
+        writes(&anne()),
+        in_store(deletes(&anne()), &a),
+        in_store(writes(&anne()), &b),
+        writes(&anne()),
+        in_store(deletes(&anne()), &b),
+        in_store(writes(&[tk("user:carol", "viewer", "document:1")]), &a),
+    ] {
+        ids.push(insert_with(&client, row).await);
+    }
+    let relay = spawn_relay_by_name(&env, &[("FGA_RELAY_MAX_ATTEMPTS", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    // The first row names no store: it is tried, and fails before its Write leaves. A third
+    // try with `--max-attempts 2`, the row still pending below: none of the failures struck it.
+    wait_until(PROMPTLY, "the first row is tried 3 times", || async {
+        env.row(ids[0]).await.attempts >= 3
+    })
+    .await;
+    let logs = relay.logs();
+    for words in [
+        "cannot check the OpenFGA store now; starting anyway and retrying",
+        "a row names a store, and the configured store's id is not known yet (--store-name \
+         cannot be resolved: is OpenFGA's ListStores answering?); the row and those after it \
+         wait until it is",
+        "ListStores answered 500 Internal Server Error",
+    ] {
+        assert!(
+            logs.contains(words),
+            "the log does not say {words:?}:\n{logs}"
+        );
+    }
+    let first = env.row(ids[0]).await;
+    assert!(
+        first
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("ListStores answered 500"),
+        "{first:?}"
+    );
+    assert!(
+        env.fga.writes().is_empty(),
+        "a Write left while the store's id was not known: {:?}; relay log:\n{logs}",
+        env.fga.writes()
+    );
+    for id in &ids {
+        let r = env.row(*id).await;
+        assert!(
+            !r.delivered && !r.dead,
+            "row {id} ended {r:?}; relay log:\n{logs}"
+        );
+    }
+    env.fga.clear_faults();
+    for id in &ids {
+        env.wait_delivered(*id).await;
+    }
+    assert_eq!(env.dead().await, 0, "relay log:\n{}", relay.logs());
+    assert_eq!(
+        (
+            applied_in(&env.fga, &a, "user:anne"),
+            applied_in(&env.fga, &b, "user:anne")
+        ),
+        (vec![true, false, true], vec![true, false]),
+        "not applied in id order per (store, tuple); relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.fga.has_in(&a, "user:carol", "viewer", "document:1"));
+    assert!(!env.fga.has_in(&b, "user:carol", "viewer", "document:1"));
+}
+
+/// A dead row brought back (`retry`) while `--store-name` cannot be resolved waits until it can:
+/// which later rows are of its store is told by the configured store's id, and a later row
+/// naming that id is of its store. Here a grant was dead-lettered and a later revoke naming the
+/// configured store's id delivered; the grant retried under a relay that starts while ListStores
+/// fails (three times) is skipped as superseded once the name resolves, never replayed over the
+/// revoke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_row_waits_for_the_store_name_and_a_row_naming_its_id_supersedes_it() {
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    env.fga
+        .push_fault(crate::order::invalid("user:anne", "viewer", "document:1"));
+    let grant = env.insert(writes(&anne())).await;
+    let revoke = env.insert(in_store(deletes(&anne()), &a)).await;
+    let drained = env
+        .command(&["drain", "--timeout", "20s", "--allow-dead"])
+        .env_remove("FGA_STORE_ID")
+        .env("FGA_STORE_NAME", env.fga.store_name())
+        .output()
+        .unwrap();
+    assert_success(&drained, "drain with FGA_STORE_NAME");
+    assert!(env.row(grant).await.dead && env.row(revoke).await.delivered);
+    let resolved = env.fga.list_stores().len();
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 3).on_list_stores());
+    assert_success(
+        &env.command(&["retry", &grant.to_string()])
+            .output()
+            .unwrap(),
+        "retry",
+    );
+    let relay = spawn_relay_by_name(&env, &[]);
+    env.wait_delivered(grant).await;
+    let asked = env.fga.list_stores();
+    assert_eq!(
+        asked.get(resolved..resolved + 4),
+        Some(&[500, 500, 500, 200][..]),
+        "the relay did not start with the store's name unresolved"
+    );
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the retried grant was replayed over the later revoke naming the configured store \
+         (applied: {:?}); relay log:\n{}",
+        applied_in(&env.fga, &a, "user:anne"),
+        relay.logs()
+    );
+    assert_eq!(applied_in(&env.fga, &a, "user:anne"), Vec::<bool>::new());
+    let note = env.row(grant).await.last_error.unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "superseded by later delivered rows: write document:1#viewer@user:anne (row {revoke})"
+        )),
+        "{note}"
+    );
+    let logs = relay.logs();
+    assert!(
+        logs.contains(
+            "a retried row is to be checked for later rows of its store that superseded it, \
+             and the configured store's id is not known yet"
+        ),
+        "the log does not say why the retried row waits:\n{logs}"
+    );
+}
+
+/// A row that cannot be decoded, naming the configured store's id, that another session holds
+/// bars the later rows naming no store (they are the same store's), also under a relay that
+/// started with its store's name unresolved: the store it bars is told by the name resolved,
+/// not guessed. Corrected into a revoke of a tuple that a later row grants, it goes first:
+/// OpenFGA ends holding the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_undecodable_row_naming_the_configured_stores_id_bars_its_rows_by_name_too() {
+    const LOOKED: &str = "not dead-lettered: another session holds the row";
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    // The check at start fails: the relay starts with the name unresolved.
+    env.fga
+        .push_fault(FaultRule::once(Fault::internal()).on_list_stores());
+    let admin = env.db.connect().await;
+    let bad = insert_text(&admin, &json!({ "store_id": a, "writes": [] }).to_string())
+        .await
+        .unwrap();
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&bad])
+        .await
+        .unwrap();
+    let relay = spawn_relay_by_name(&env, &[]);
+    relay.wait_for_log(LOOKED).await;
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    let grant = env.insert(writes(&anne())).await;
+    // The relay has looked at the held row twice since: a relay that let the grant go would
+    // have sent it by then.
+    let seen = relay.logs().matches(LOOKED).count();
+    relay.wait_for_log_count(LOOKED, seen + 2).await;
+    let overtaken = env.row(grant).await.delivered;
+    holder
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&bad, &in_store(deletes(&anne()), &a)],
+        )
+        .await
+        .unwrap();
+    holder.batch_execute("COMMIT").await.unwrap();
+    env.wait_drained().await;
+    assert!(
+        !overtaken && env.fga.has("user:anne", "viewer", "document:1"),
+        "the grant went before the corrected revoke (overtaken: {overtaken}); relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.row(bad).await.delivered);
+    assert_eq!(env.fga.list_stores().first(), Some(&500));
 }

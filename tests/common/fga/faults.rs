@@ -1,14 +1,17 @@
-//! Faults a test injects into Write requests through the proxy (what a real OpenFGA cannot be
-//! made to do on demand): which rule a request takes, and what each fault answers.
+//! Faults a test injects through the proxy into Write requests, and into ListStores (what a real
+//! OpenFGA cannot be made to do on demand): which rule a request takes, and what each fault
+//! answers.
 
 use std::time::Duration;
 
-/// A fault to inject into write requests. Rules are consumed in FIFO order: each write request
-/// takes the first rule that matches it and has `times > 0`.
+/// A fault to inject into requests of its route (Writes, unless told). Rules are consumed in FIFO
+/// order: each request takes the first rule of its route that matches it and has `times > 0`.
 #[derive(Clone, Debug)]
 pub struct FaultRule {
     pub fault: Fault,
     pub times: usize,
+    /// The requests the rule is for.
+    pub route: Route,
     /// `(user, relation, object)`: the rule matches only requests that write or delete this tuple.
     pub only_if_tuple: Option<(String, String, String)>,
     /// A store id: the rule matches only Writes to this store (`/stores/{id}/write`).
@@ -24,9 +27,17 @@ impl FaultRule {
         FaultRule {
             fault,
             times: n,
+            route: Route::Write,
             only_if_tuple: None,
             only_if_store: None,
         }
+    }
+
+    /// For ListStores requests instead of Writes: `--store-name` cannot be resolved while the
+    /// rule lasts.
+    pub fn on_list_stores(mut self) -> Self {
+        self.route = Route::ListStores;
+        self
     }
 
     /// Only Writes to this store.
@@ -39,6 +50,15 @@ impl FaultRule {
         self.only_if_tuple = Some((user.to_owned(), relation.to_owned(), object.to_owned()));
         self
     }
+}
+
+/// The requests a [`FaultRule`] is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /stores/{id}/write`.
+    Write,
+    /// `GET /stores`: ListStores, through which the relay resolves `--store-name`.
+    ListStores,
 }
 
 #[derive(Clone, Debug)]

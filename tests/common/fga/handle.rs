@@ -354,6 +354,13 @@ impl Fga {
             .collect()
     }
 
+    /// The status answered to each ListStores request (the relay resolving `--store-name`), in
+    /// arrival order; 0 while unanswered.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn list_stores(&self) -> Vec<u16> {
+        self.proxy.state().list_stores.clone()
+    }
+
     pub fn push_fault(&self, rule: FaultRule) {
         self.proxy.state().faults.push_back(rule);
     }

@@ -7,8 +7,9 @@
 //! store of its own, with its model ([`Model`]), so tests never see each other's tuples.
 //!
 //! The relay talks to the proxy (`proxy`), never to the server directly. The proxy passes every
-//! request on, records each Write ([`Fga::writes`]), and injects into Writes the faults a real
-//! server cannot be made to produce on demand ([`Fault`]); it can also stop listening
+//! request on, records each Write ([`Fga::writes`]), and injects into Writes, or into ListStores
+//! ([`FaultRule::on_list_stores`]), the faults a real server cannot be made to produce on demand
+//! ([`Fault`]); it can also stop listening
 //! ([`Fga::set_refusing`]), as a server that went down. What OpenFGA applied, and in which
 //! order, is read from the server itself: Read for [`Fga::tuples`] and [`Fga::has`], ReadChanges
 //! for [`Fga::changelog`] (`api`).
@@ -29,7 +30,7 @@ mod proxy;
 mod records;
 mod server;
 
-pub use faults::{Fault, FaultRule, Latency, RandomFaults};
+pub use faults::{Fault, FaultRule, Latency, RandomFaults, Route};
 pub use handle::{DEFAULT_MAX_TUPLES_PER_WRITE, Fga, FgaBuilder};
 pub use model::Model;
 pub use openfga::{LEGACY, MODERN};

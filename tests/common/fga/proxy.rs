@@ -1,7 +1,8 @@
 //! The fault proxy in front of a real OpenFGA: it passes every request on, records each Write,
 //! and injects into Writes what a real server cannot be made to do on demand (5xx, 429, hangs,
-//! dropped connections, a proxy's 413 and HTML pages, a Write applied late), and plays an OIDC
-//! gateway when a test wants one.
+//! dropped connections, a proxy's 413 and HTML pages, a Write applied late), the same into
+//! ListStores (a `--store-name` that cannot be resolved), and plays an OIDC gateway when a test
+//! wants one.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,7 +14,7 @@ use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use serde_json::{Value, json};
 
-use super::faults::{Fault, FaultRule, Latency, RandomFaults};
+use super::faults::{Fault, FaultRule, Latency, RandomFaults, Route};
 use super::records::WriteRecord;
 use super::server::ConnCtl;
 
@@ -44,6 +45,9 @@ pub(super) struct ProxyState {
     /// Every request but `/healthz` hangs, never answered: OpenFGA (and whatever is in front of
     /// it) hung as a whole, its store lookups and reads as well as its Writes.
     pub(super) hanging: bool,
+    /// The status answered to each ListStores request, in arrival order; 0 while unanswered,
+    /// and for `Hang` and `CloseConnection`.
+    pub(super) list_stores: Vec<u16>,
 }
 
 impl Proxy {
@@ -123,10 +127,16 @@ impl Proxy {
         }
     }
 
-    fn take_fault(&self, store: &str, keys: &[(String, String, String)]) -> Option<Fault> {
+    fn take_fault(
+        &self,
+        route: Route,
+        store: &str,
+        keys: &[(String, String, String)],
+    ) -> Option<Fault> {
         let mut state = self.state();
         let index = state.faults.iter().position(|rule| {
             rule.times > 0
+                && rule.route == route
                 && rule
                     .only_if_tuple
                     .as_ref()
@@ -134,6 +144,10 @@ impl Proxy {
                 && rule.only_if_store.as_deref().is_none_or(|s| s == store)
         });
         let Some(index) = index else {
+            // Latency and random faults are a Write's.
+            if route != Route::Write {
+                return None;
+            }
             let latency = state.latency.map(|l| Fault::Delay(l.draw()));
             return match &state.random {
                 Some(random) => random.draw().or(latency),
@@ -164,26 +178,14 @@ impl Proxy {
         let fault = if limit.is_some_and(|l| body.len() > l) {
             Some(Fault::html(413, "Request Entity Too Large"))
         } else {
-            self.take_fault(store_of(&path), &tuple_keys(&body))
+            self.take_fault(Route::Write, store_of(&path), &tuple_keys(&body))
         };
-        let mut answer_instead = None;
-        let delay = match fault {
-            None => None,
-            Some(Fault::Applied(then)) => {
-                answer_instead = Some(*then);
-                None
-            }
-            Some(Fault::Delay(d)) => Some(d),
-            Some(Fault::Hang) => return std::future::pending().await,
-            Some(Fault::CloseConnection) => {
-                conn.kill.cancel();
-                return std::future::pending().await;
-            }
-            Some(other) => {
-                let reply = Reply::fault(other);
+        let (delay, answer_instead) = match faulted(fault, conn).await {
+            Faulted::Answer(reply) => {
                 self.finish(index, reply.status);
                 return reply;
             }
+            Faulted::Forward { delay, instead } => (delay, instead),
         };
         let proxy = Arc::clone(self);
         let task = tokio::spawn(async move {
@@ -199,6 +201,63 @@ impl Proxy {
         });
         task.await
             .unwrap_or_else(|_| Reply::error(500, "internal_error", "Internal Server Error"))
+    }
+
+    /// A ListStores request: its answer recorded, faulted or passed on.
+    async fn list_stores(&self, path: &str, headers: &HeaderMap, conn: &ConnCtl) -> Reply {
+        let index = {
+            let mut state = self.state();
+            state.list_stores.push(0);
+            state.list_stores.len() - 1
+        };
+        let reply = match faulted(self.take_fault(Route::ListStores, "", &[]), conn).await {
+            Faulted::Answer(reply) => reply,
+            Faulted::Forward { delay, instead } => {
+                if let Some(delay) = delay {
+                    tokio::time::sleep(delay).await;
+                }
+                let reply = self.forward("GET", path, headers, Bytes::new()).await;
+                instead.map_or(reply, Reply::fault)
+            }
+        };
+        if let Some(status) = self.state().list_stores.get_mut(index) {
+            *status = reply.status;
+        }
+        reply
+    }
+}
+
+/// What a fault makes of a request: an answer of the proxy's own, or the request passed on
+/// (after `delay`; answered with `instead` rather than the server's answer). A hang or a
+/// dropped connection never returns: the handler ends with its connection.
+enum Faulted {
+    Answer(Reply),
+    Forward {
+        delay: Option<std::time::Duration>,
+        instead: Option<Fault>,
+    },
+}
+
+async fn faulted(fault: Option<Fault>, conn: &ConnCtl) -> Faulted {
+    match fault {
+        None => Faulted::Forward {
+            delay: None,
+            instead: None,
+        },
+        Some(Fault::Applied(then)) => Faulted::Forward {
+            delay: None,
+            instead: Some(*then),
+        },
+        Some(Fault::Delay(d)) => Faulted::Forward {
+            delay: Some(d),
+            instead: None,
+        },
+        Some(Fault::Hang) => std::future::pending().await,
+        Some(Fault::CloseConnection) => {
+            conn.kill.cancel();
+            std::future::pending().await
+        }
+        Some(other) => Faulted::Answer(Reply::fault(other)),
     }
 }
 
@@ -262,6 +321,8 @@ async fn handle(
     }
     let reply = if is_write(parts.method.as_str(), parts.uri.path()) {
         proxy.write(path, parts.headers, body, &conn).await
+    } else if is_list_stores(parts.method.as_str(), parts.uri.path()) {
+        proxy.list_stores(&path, &parts.headers, &conn).await
     } else {
         proxy
             .forward(parts.method.as_str(), &path, &parts.headers, body)
@@ -279,6 +340,11 @@ fn store_of(path: &str) -> &str {
 
 fn is_write(method: &str, path: &str) -> bool {
     method == "POST" && path.starts_with("/stores/") && path.ends_with("/write")
+}
+
+/// ListStores (`GET /stores?name=…`), not GetStore (`GET /stores/{id}`).
+fn is_list_stores(method: &str, path: &str) -> bool {
+    method == "GET" && path.trim_end_matches('/') == "/stores"
 }
 
 /// The (user, relation, object) of every operation in a Write body; none when it is not JSON.
