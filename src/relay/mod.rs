@@ -235,6 +235,9 @@ impl Relay {
             _ = given_up => {
                 warn!("delivery did not stop after the connection was lost; giving it up");
                 *locked(&self.terms.carry) = None;
+                // Now, not only in `abandon`: `drain` asks the pool how many rows are left
+                // before it reconnects, and the pool's idle connections may be frozen as the
+                // stream's were; nothing would end that wait.
                 self.store.pool().retain(|_, _| false);
                 None
             }

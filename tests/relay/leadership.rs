@@ -212,6 +212,53 @@ async fn a_leader_whose_session_and_idle_pool_freeze_delivers_on_new_connections
     assert!(env.fga.has("user:after", "viewer", "document:a"));
 }
 
+/// `fga-relay drain` all of whose connections freeze while one of its Writes is in flight: the
+/// Write's answer comes (OpenFGA is not behind the proxy), its mark waits on its frozen
+/// connection, and the stream is given up one fence after the session is lost. The drain's next
+/// statement (how many of its rows are left) goes to the pool before it reconnects; the pool is
+/// cleared as the stream is given up, so that statement runs on a new connection, and the drain
+/// leads again and delivers every row, exiting 0 within 30 s. Without that clearing it waits on
+/// the frozen idle connection (one Write in flight at a time: the pool's other connection is
+/// idle) forever, past its own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_connections_freeze_mid_write_delivers_every_row_on_new_ones() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    // A second per Write: time to freeze while one is in flight.
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_secs(1)),
+        1_000_000,
+    ));
+    let client = env.db.connect().await;
+    for i in 0..10 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:d{i}"), "viewer", "document:d")]),
+        )
+        .await;
+    }
+    let mut drain = env.command(&["drain", "--timeout", "60s"]);
+    drain.envs([
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+    ]);
+    let mut drain = RelayProc::spawn(drain);
+    wait_for_writes(&env.fga, 2, "the drain is in the middle of its rows").await;
+    proxy.freeze_open_connections();
+    env.fga.clear_faults();
+    let t0 = Instant::now();
+    let status = drain.wait_exit(RECOVERY).await;
+    println!("drain exited {status} {:?} after the freeze", t0.elapsed());
+    assert!(status.success(), "{status}; its log:\n{}", drain.logs());
+    assert_eq!(env.pending().await, 0);
+    assert!(
+        drain.logs().contains("giving it up"),
+        "the stream was stuck on a frozen connection, and given up"
+    );
+}
+
 /// A leader stopped with SIGSTOP (its kernel keeps the TCP sessions, so PostgreSQL sees nothing
 /// wrong) in the middle of a page, with one standby: the standby ends the stopped leader's
 /// session once its lease has run out and delivers rows inserted after the stop within 30 s.
