@@ -193,7 +193,10 @@ impl Relay {
 
     /// Gives up on a session (lost): remembered, to be ended at the next connect. The pool's
     /// idle connections go too: they share the session's path to the server and may be as
-    /// dead as it was, with nothing to tell (a silent path answers no heartbeat of theirs).
+    /// dead as it was, with nothing to tell (a silent path answers no heartbeat of theirs), and
+    /// nothing ends a wait on one (a path that still acknowledges bytes fires neither keepalives
+    /// nor `tcp_user_timeout`): the next term's first read would wait on it until the process
+    /// is restarted (`/livez`), while the new session renews the lease.
     fn abandon(&self, session: &Session) {
         *locked(&self.terms.abandoned) = Some(session.backend());
         self.store.pool().retain(|_, _| false);
@@ -232,6 +235,9 @@ impl Relay {
             _ = given_up => {
                 warn!("delivery did not stop after the connection was lost; giving it up");
                 *locked(&self.terms.carry) = None;
+                // Now, not only in `abandon`: `drain` asks the pool how many rows are left
+                // before it reconnects, and the pool's idle connections may be frozen as the
+                // stream's were; nothing would end that wait.
                 self.store.pool().retain(|_, _| false);
                 None
             }

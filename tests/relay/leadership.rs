@@ -6,7 +6,7 @@
 //! another session holds, `retry`, `drain` failing) do not stall or spin.
 
 use crate::common::fga::{Fault, FaultRule, Fga, Op};
-use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
+use crate::common::pg::{PROMPTLY, PgOptions, TestDb, count};
 use crate::common::proxy::{proxy_for, tcp_db, tcp_url};
 use crate::common::relay::{
     Env, RelayProc, accepted_writes, deletes, insert_with, relay_sleeps, tk, wait_for_writes,
@@ -124,6 +124,139 @@ async fn a_lone_relay_whose_connections_all_freeze_delivers_again_within_30s() {
     .await;
     println!("delivered {:?} after every connection froze", t0.elapsed());
     assert!(env.fga.has("user:after", "viewer", "document:2"));
+}
+
+/// How many pooled connections of a relay (`application_name` exactly `fga-relay run`, the
+/// LISTEN one's goes on with " listener") are open, and how many of them are not idle.
+async fn idle_pooled(admin: &tokio_postgres::Client) -> (i64, i64) {
+    let open = count(
+        admin,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fga-relay run'",
+        &[],
+    )
+    .await;
+    let busy = count(
+        admin,
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE application_name = 'fga-relay run' AND state <> 'idle'",
+        &[],
+    )
+    .await;
+    (open, busy)
+}
+
+/// A lone leader's LISTEN connection and the idle connections of its pool freeze together (a
+/// silent path to the server, nothing closed) while it sleeps; new connections get through. The
+/// stream stops by itself when the session is lost, so nothing is given up: only the pool's
+/// clearing when the session is abandoned keeps the next term off the frozen connections,
+/// which no timeout ends (the proxy's kernel acknowledges every byte, so neither keepalives nor
+/// `tcp_user_timeout` fire, and the new session renews the lease meanwhile). Delivered within
+/// 15 s, below every other way out: the 20 s `tcp_user_timeout`, the 60 s lease, the liveness
+/// timeout's restart. Without the clearing, the new term's first read waits on a frozen pooled
+/// connection until the process is restarted (75 s and counting when tried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_session_and_idle_pool_freeze_delivers_on_new_connections_within_15s() {
+    const BOUND: Duration = Duration::from_secs(15);
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    // Ten Writes in flight at once, each on a pooled connection of its own: the pool holds
+    // more connections than the probe at the next connect takes out of it (one).
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(300)),
+        10,
+    ));
+    let client = env.db.connect().await;
+    for i in 0..10 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:b{i}"), "viewer", "document:b")]),
+        )
+        .await;
+    }
+    let relay = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_LEADER_LEASE", "60s"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    env.wait_drained().await;
+    // Asleep (the wake lock held), every Write landed and no read under way: the pool's
+    // connections are all back in it, idle, and no answer is on its way to the relay.
+    let admin = env.db.connect().await;
+    wait_until(PROMPTLY, "the relay sleeps with its pool idle", || async {
+        let (open, busy) = idle_pooled(&admin).await;
+        open >= 2 && busy == 0 && relay_sleeps(&admin, true).await
+    })
+    .await;
+    assert!(proxy.freeze_named("fga-relay run\0") >= 2, "the idle pool");
+    assert_eq!(proxy.freeze_named("fga-relay run listener"), 1);
+    let t0 = Instant::now();
+    let after = env
+        .insert(writes(&[tk("user:after", "viewer", "document:a")]))
+        .await;
+    wait_until(
+        BOUND,
+        "a row inserted after the freeze is delivered",
+        || async { env.row(after).await.delivered },
+    )
+    .await;
+    println!(
+        "delivered {:?} after the session and the idle pool froze",
+        t0.elapsed()
+    );
+    assert!(
+        !relay.logs().contains("giving it up"),
+        "the stream ended by itself: the clearing of a given-up stream played no part"
+    );
+    assert!(env.fga.has("user:after", "viewer", "document:a"));
+}
+
+/// `fga-relay drain` all of whose connections freeze while one of its Writes is in flight: the
+/// Write's answer comes (OpenFGA is not behind the proxy), its mark waits on its frozen
+/// connection, and the stream is given up one fence after the session is lost. The drain's next
+/// statement (how many of its rows are left) goes to the pool before it reconnects; the pool is
+/// cleared as the stream is given up, so that statement runs on a new connection, and the drain
+/// leads again and delivers every row, exiting 0 within 30 s. Without that clearing it waits on
+/// the frozen idle connection (one Write in flight at a time: the pool's other connection is
+/// idle) forever, past its own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_connections_freeze_mid_write_delivers_every_row_on_new_ones() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    // A second per Write: time to freeze while one is in flight.
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_secs(1)),
+        1_000_000,
+    ));
+    let client = env.db.connect().await;
+    for i in 0..10 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:d{i}"), "viewer", "document:d")]),
+        )
+        .await;
+    }
+    let mut drain = env.command(&["drain", "--timeout", "60s"]);
+    drain.envs([
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+    ]);
+    let mut drain = RelayProc::spawn(drain);
+    wait_for_writes(&env.fga, 2, "the drain is in the middle of its rows").await;
+    proxy.freeze_open_connections();
+    env.fga.clear_faults();
+    let t0 = Instant::now();
+    let status = drain.wait_exit(RECOVERY).await;
+    println!("drain exited {status} {:?} after the freeze", t0.elapsed());
+    assert!(status.success(), "{status}; its log:\n{}", drain.logs());
+    assert_eq!(env.pending().await, 0);
+    assert!(
+        drain.logs().contains("giving it up"),
+        "the stream was stuck on a frozen connection, and given up"
+    );
 }
 
 /// A leader stopped with SIGSTOP (its kernel keeps the TCP sessions, so PostgreSQL sees nothing
