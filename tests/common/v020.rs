@@ -91,10 +91,8 @@ fn say(line: &str) {
 /// Builds the binary into `bin` unless another process has meanwhile, holding
 /// `~/.cache/fga-relay/v0.2.0.lock` so that one process builds while the others wait.
 fn build(bin: &Path) -> Result<(), String> {
-    let dir = bin.parent().unwrap_or(Path::new("."));
-    for dir in [dir, &cache_root()] {
-        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    }
+    std::fs::create_dir_all(cache_root())
+        .map_err(|e| format!("create {}: {e}", cache_root().display()))?;
     // One lock per machine (per home), whichever binary is built: the builds share a target
     // directory.
     let lock_path = cache_root().join("v0.2.0.lock");
@@ -197,6 +195,8 @@ fn build(bin: &Path) -> Result<(), String> {
     say(&format!("built in {} s", start.elapsed().as_secs()));
 
     // Copied beside, then renamed into place: a copy cut short never looks finished.
+    let dir = bin.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let partial = PathBuf::from(format!("{}.partial-{}", bin.display(), std::process::id()));
     let built = target.join("debug/fga-relay");
     std::fs::copy(&built, &partial)
