@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests and the benchmark: a real PostgreSQL the tests start
-//! themselves, real OpenFGA servers behind a fault proxy, and ways to run the relay.
+//! themselves, real OpenFGA servers behind a fault proxy, and ways to run the relay (this one,
+//! and the relay of 0.2.0 built once from this repository's history).
 
 pub mod fga;
 pub mod metrics;
@@ -11,3 +12,4 @@ pub mod proxy;
 pub mod relay;
 pub mod systemd;
 pub mod tls;
+pub mod v020;

@@ -6,8 +6,9 @@
 //! both directions, whether the leader is stopped (SIGTERM) or killed (SIGKILL) with a Write in
 //! flight that OpenFGA applies late.
 //!
-//! The 0.2.0 binary is built once per machine from this repository's history by
-//! `.ci/build-v0.2.0` (CI runs it before the tests).
+//! The 0.2.0 binary is built once per machine from this repository's history by the harness
+//! (`tests/common/v020.rs`), on first need: into `~/.cache/fga-relay/v0.2.0/fga-relay`, or where
+//! `FGA_RELAY_V020_BIN` says.
 
 use crate::common::fga::{Fault, FaultRule, Op};
 use crate::common::pg::PROMPTLY;
@@ -17,11 +18,7 @@ use crate::common::relay::{
 use crate::delivery::mixed_payload;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
-
-/// The commit 0.2.0 is built from (its `--version` names it).
-const V020_REVISION: &str = "4524e41";
 
 /// Rows, each a grant or revoke of one of a few tuples, so that every tuple sees a long
 /// sequence of both across the handover.
@@ -42,35 +39,10 @@ const LATE: Duration = Duration::from_millis(5800);
 /// after. A leader that sent the revoke before the late grant landed would leave it granted.
 const LATE_TUPLE: (&str, &str, &str) = ("user:late", "viewer", "document:late");
 
-/// The 0.2.0 relay, where `.ci/build-v0.2.0` puts it: `FGA_RELAY_V020_BIN`, else
-/// `~/.cache/fga-relay/v0.2.0/fga-relay`.
+/// The 0.2.0 relay, built on first need (`tests/common/v020.rs`); the test fails with what to do
+/// when it cannot be.
 fn v020() -> PathBuf {
-    let bin = std::env::var_os("FGA_RELAY_V020_BIN")
-        .filter(|b| !b.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
-            Path::new(&home).join(".cache/fga-relay/v0.2.0/fga-relay")
-        });
-    assert!(
-        bin.is_file(),
-        "the upgrade tests run the relay of 0.2.0 (commit {V020_REVISION}) beside this one, and \
-         it is not built yet ({}); build it once with: bash .ci/build-v0.2.0",
-        bin.display()
-    );
-    // A binary of another revision in its place would make these tests prove nothing.
-    let out = Command::new(&bin)
-        .arg("--version")
-        .output()
-        .expect("run the 0.2.0 relay");
-    let version = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        version.contains(" 0.2.0 ") && version.contains(V020_REVISION),
-        "{} is not 0.2.0 built from {V020_REVISION}: it says {version:?}; remove it and run \
-         bash .ci/build-v0.2.0",
-        bin.display()
-    );
-    bin
+    crate::common::v020::binary().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// How the leader ends its term.
