@@ -142,6 +142,8 @@ pub struct Deliverer {
     /// resolved yet): when to read again. Apart from the core's `due`, which each turn's
     /// planning sets anew from the rows in the queue: no row in the queue says this.
     read_again_at: Option<Instant>,
+    /// When lasting conditions the reads meet were last said (once a minute while they last).
+    said: crate::recurring::Recurring,
     /// When a Write last landed, or left with none in flight: while Writes are in flight, the
     /// stream is alive only if one lands now and then (each has a deadline); one stuck on a
     /// connection that never answers stops the beats.
@@ -169,6 +171,7 @@ impl Deliverer {
             want_read: true,
             last_read: None,
             read_again_at: None,
+            said: crate::recurring::Recurring::default(),
             progress: Instant::now(),
             liveness,
         }

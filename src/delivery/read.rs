@@ -14,6 +14,7 @@ use super::order::{Candidate, Plan, key_hash};
 use super::write::{Spare, WriteTx};
 use crate::openfga::Target;
 use crate::payload::Payload;
+use crate::recurring::Recurring;
 use crate::store::{ClaimedRow, StoreError};
 use deadpool_postgres::GenericClient;
 use std::collections::HashMap;
@@ -48,15 +49,18 @@ enum Unqueued {
 }
 
 /// Says why row `id` (naming `store`, or none: `""`) and the rows after it wait: `what` needs
-/// the configured store's id, and `--store-name` cannot be resolved.
-fn unresolved(id: i64, store: &str, what: &str) -> Unqueued {
-    warn!(
-        id,
-        store,
-        "{what}, and the configured store's id is not known yet (--store-name cannot be \
-         resolved: is OpenFGA's ListStores answering?); the row and those after it wait until \
-         it is"
-    );
+/// the configured store's id, and `--store-name` cannot be resolved. Said when first seen, then
+/// once a minute while it lasts: the read looks again every second.
+fn unresolved(said: &Recurring, id: i64, store: &str, what: &'static str) -> Unqueued {
+    if said.due(what) {
+        warn!(
+            id,
+            store,
+            "{what}, and the configured store's id is not known yet (--store-name cannot be \
+             resolved: is OpenFGA's ListStores answering?); the row and those after it wait \
+             until it is"
+        );
+    }
     Unqueued::Unresolved
 }
 
@@ -168,7 +172,12 @@ impl Deliverer {
         };
         let Some(target) = self.target_of(&payload).await else {
             let store = payload.store.as_deref().unwrap_or("");
-            return Ok(Err(unresolved(row.id, store, "a row names a store")));
+            return Ok(Err(unresolved(
+                &self.said,
+                row.id,
+                store,
+                "a row names a store",
+            )));
         };
         let hashes: Vec<u64> = payload
             .ops
@@ -190,7 +199,7 @@ impl Deliverer {
                 let store = payload.store.as_deref().unwrap_or("");
                 let what = "a retried row is to be checked for later rows of its store that \
                     superseded it";
-                return Ok(Err(unresolved(row.id, store, what)));
+                return Ok(Err(unresolved(&self.said, row.id, store, what)));
             };
             self.skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
                 .await?;
@@ -228,7 +237,7 @@ impl Deliverer {
                 let Ok(configured) = self.client.store_id().await else {
                     let what =
                         "a row that cannot be decoded, held by another session, names a store";
-                    return Err(unresolved(id, store, what));
+                    return Err(unresolved(&self.said, id, store, what));
                 };
                 Target::of(named.as_ref(), None, configured)
             }
