@@ -254,6 +254,22 @@ pub async fn insert_with(client: &tokio_postgres::Client, payload: serde_json::V
         .get(0)
 }
 
+/// Inserts `n` rows, one a commit, each granting `viewer` on `object` to `user:{prefix}{i}`
+/// (distinct tuples, one object); returns their ids in order.
+pub async fn insert_viewers(
+    client: &tokio_postgres::Client,
+    prefix: &str,
+    object: &str,
+    n: usize,
+) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = tk(&format!("user:{prefix}{i}"), "viewer", object);
+        ids.push(insert_with(client, writes(&[t])).await);
+    }
+    ids
+}
+
 /// The call a writer makes after COMMIT: `$1` the ids, `$2` the timeout as text.
 pub const WAIT_CALL: &str = "SELECT fga_outbox_wait($1, $2::text::interval)";
 

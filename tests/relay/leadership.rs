@@ -9,8 +9,8 @@ use crate::common::fga::{Fault, FaultRule, Fga, Op};
 use crate::common::pg::{PROMPTLY, PgOptions, TestDb, count};
 use crate::common::proxy::{proxy_for, tcp_db, tcp_url};
 use crate::common::relay::{
-    Env, RelayProc, accepted_writes, deletes, insert_with, relay_sleeps, tk, wait_for_writes,
-    wait_until, writes,
+    Env, RelayProc, accepted_writes, deletes, insert_viewers, insert_with, relay_sleeps, tk,
+    wait_for_writes, wait_until, writes,
 };
 use std::time::{Duration, Instant};
 
@@ -167,13 +167,7 @@ async fn a_leader_whose_session_and_idle_pool_freeze_delivers_on_new_connections
         10,
     ));
     let client = env.db.connect().await;
-    for i in 0..10 {
-        insert_with(
-            &client,
-            writes(&[tk(&format!("user:b{i}"), "viewer", "document:b")]),
-        )
-        .await;
-    }
+    insert_viewers(&client, "b", "document:b", 10).await;
     let relay = env.spawn_relay(&[
         ("DATABASE_URL", url.as_str()),
         ("FGA_RELAY_LEADER_LEASE", "60s"),
@@ -231,13 +225,7 @@ async fn a_drain_whose_connections_freeze_mid_write_delivers_every_row_on_new_on
         1_000_000,
     ));
     let client = env.db.connect().await;
-    for i in 0..10 {
-        insert_with(
-            &client,
-            writes(&[tk(&format!("user:d{i}"), "viewer", "document:d")]),
-        )
-        .await;
-    }
+    insert_viewers(&client, "d", "document:d", 10).await;
     let mut drain = env.command(&["drain", "--timeout", "60s"]);
     drain.envs([
         ("DATABASE_URL", url.as_str()),
@@ -289,16 +277,7 @@ async fn stopped_leader(freeze: bool) {
     ]);
     standby.wait_for_log("standing by").await;
     let client = env.db.connect().await;
-    let mut page = Vec::new();
-    for i in 0..30 {
-        page.push(
-            insert_with(
-                &client,
-                writes(&[tk(&format!("user:p{i}"), "viewer", "document:p")]),
-            )
-            .await,
-        );
-    }
+    let page = insert_viewers(&client, "p", "document:p", 30).await;
     stop_after_writes(&env.fga, &old, "old-leader", 3).await;
     if freeze {
         proxy.freeze_open_connections();
@@ -471,13 +450,7 @@ async fn server_timeouts_of_one_second_do_not_make_a_slow_page_be_sent_again() {
         3,
     ));
     let client = env.db.connect().await;
-    for i in 0..3 {
-        insert_with(
-            &client,
-            writes(&[tk(&format!("user:s{i}"), "viewer", "document:s")]),
-        )
-        .await;
-    }
+    insert_viewers(&client, "s", "document:s", 3).await;
     let _relay = env.spawn_relay(&[("FGA_MAX_TUPLES_PER_WRITE", "1")]);
     wait_until(
         Duration::from_secs(30),
@@ -636,13 +609,7 @@ async fn drain_lets_go_of_leadership_when_it_fails() {
         1_000_000,
     ));
     let client = env.db.connect().await;
-    for i in 0..40 {
-        insert_with(
-            &client,
-            writes(&[tk(&format!("user:d{i}"), "viewer", "document:d")]),
-        )
-        .await;
-    }
+    insert_viewers(&client, "d", "document:d", 40).await;
     let lease = [
         ("FGA_RELAY_LEADER_LEASE", "30s"),
         ("FGA_MAX_TUPLES_PER_WRITE", "1"),
