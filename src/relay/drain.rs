@@ -9,7 +9,7 @@ use crate::listener::Session;
 use crate::pass_log::Trigger;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 impl Relay {
     /// `fga-relay drain`: delivers every row pending at the start, itself if it can lead,
@@ -149,6 +149,7 @@ impl Relay {
                     .unwrap_or(Duration::from_millis(50))
             });
             if let Some(w) = wait {
+                debug!(wait = ?w, "nothing to do now; looking again after the wait");
                 self.nap(w, &[shutdown, timer]).await;
             }
         }
