@@ -7,6 +7,7 @@ use super::open::build_relay;
 use crate::config;
 use crate::liveness::Liveness;
 use crate::output;
+use crate::relay::DrainError;
 use crate::settings::RelayArgs;
 use crate::store::{DeadFilter, DrainOutcome, DrainStart, Store};
 use clap::Args;
@@ -44,7 +45,7 @@ impl Drain {
         let start = relay.store.drain_start().await?;
         let left = relay.drain(timeout, shutdown).await;
         // An error the drain ended with may be the first sign of a pooler in transaction mode.
-        if let Err(crate::store::StoreError::Db(e)) = &left {
+        if let Err(DrainError::Store(crate::store::StoreError::Db(e))) = &left {
             relay.pooler.check(e);
         }
         if let Some(pooler) = relay.pooler.finding() {

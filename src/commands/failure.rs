@@ -35,3 +35,13 @@ impl From<crate::store::StoreError> for Failure {
         Failure::Other(anyhow::anyhow!("{e}"))
     }
 }
+
+impl From<crate::relay::DrainError> for Failure {
+    fn from(e: crate::relay::DrainError) -> Self {
+        match e {
+            crate::relay::DrainError::Store(e) => e.into(),
+            // Its message says what happened and what to do.
+            other => Failure::Other(anyhow::anyhow!("{other}")),
+        }
+    }
+}

@@ -2,14 +2,45 @@
 //! otherwise waiting for the relay that leads; the run loop's pieces (`nap`, `guarded_stream`,
 //! the terms) are `Relay`'s, in `relay/mod.rs`. It streams until nothing is left to do now, as
 //! often as needed.
+//!
+//! Its own statements, outside the stream (how many rows are pending, how many are left; its
+//! session's connect), are bounded by its timeout: nothing else ends a wait on a connection
+//! whose path froze (no byte passes, nothing is closed, and the kernel still acknowledges bytes,
+//! so neither keepalives nor `tcp_user_timeout` fire). A count that takes longer than a
+//! heartbeat is asked again on a new connection, so that a drain whose old connections froze
+//! still delivers on new ones.
 
 use super::{Relay, Term};
 use crate::delivery::{Deliverer, Mode};
 use crate::listener::Session;
 use crate::pass_log::Trigger;
+use crate::shutdown::any_cancelled;
+use crate::store::StoreError;
+use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
+
+/// How long after its timeout (or a stop) `drain` waits for its last count of the rows left: a
+/// count answers in milliseconds, and the drain must exit by about its timeout.
+const LAST_COUNT_GRACE: Duration = Duration::from_secs(5);
+
+/// How `drain` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A count of the rows (pending at the start, or left) got no answer before the drain had
+    /// to stop, even asked again on a new connection: it cannot say what became of them.
+    #[error(
+        "cannot count the rows {0}: PostgreSQL did not answer before drain had to stop (its \
+         timeout, and {LAST_COUNT_GRACE:?} more for its last count), even on a new connection; \
+         something between the relay and PostgreSQL may have stopped passing bytes (a proxy or \
+         tunnel that no longer forwards). Rows may still be pending: `fga-relay status` counts \
+         them; once the path to the database works, run `fga-relay drain` again"
+    )]
+    Unanswered(&'static str),
+}
 
 impl Relay {
     /// `fga-relay drain`: delivers every row pending at the start, itself if it can lead,
@@ -20,7 +51,7 @@ impl Relay {
         &self,
         timeout: Duration,
         shutdown: CancellationToken,
-    ) -> Result<i64, crate::store::StoreError> {
+    ) -> Result<i64, DrainError> {
         self.pooler.stops(&shutdown);
         let timer = CancellationToken::new();
         {
@@ -30,7 +61,15 @@ impl Relay {
                 timer.cancel();
             });
         }
-        let Some(target) = self.store.max_pending_id().await? else {
+        let stops = [&shutdown, &timer];
+        let stopped = || any_cancelled(&stops);
+        let Some(first) = self
+            .ask("pending", || self.store.max_pending_id(), stopped())
+            .await
+        else {
+            return Err(DrainError::Unanswered("pending"));
+        };
+        let Some(target) = first? else {
             info!("nothing pending");
             return Ok(0);
         };
@@ -47,7 +86,70 @@ impl Relay {
             }
         }
         result?;
-        self.store.pending_through(target).await
+        let last = async {
+            stopped().await;
+            tokio::time::sleep(LAST_COUNT_GRACE).await;
+        };
+        let Some(left) = self
+            .ask("left", || self.store.pending_through(target), last)
+            .await
+        else {
+            return Err(DrainError::Unanswered("left"));
+        };
+        let left = left?;
+        if left > 0 {
+            warn!(left, "rows still pending at the timeout");
+        }
+        Ok(left)
+    }
+
+    /// Runs `statement`, one of drain's own (a count), outside the stream and its guard: None if
+    /// `stop` ends first. Unanswered within a heartbeat, it is asked again on a new connection,
+    /// the pool's idle ones dropped first (they share the path of the one it waits on), and the
+    /// first answer is taken: the first ask keeps its chance, so a count that is only slow (a
+    /// large backlog) is not lost. When the first ask did not answer, the pool is emptied once
+    /// it is dropped (its connection goes back to the pool, and may be frozen): whatever comes
+    /// next runs on new connections.
+    async fn ask<T, F, Fut>(
+        &self,
+        what: &str,
+        statement: F,
+        stop: impl Future<Output = ()>,
+    ) -> Option<Result<T, StoreError>>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let after = self.delivery.heartbeat_interval;
+        let (answer, by_first) = async {
+            let first = statement();
+            tokio::pin!(first, stop);
+            tokio::select! {
+                r = &mut first => return (Some(r), true),
+                () = &mut stop => return (None, false),
+                () = tokio::time::sleep(after) => {}
+            }
+            warn!(after = ?after, "PostgreSQL has not answered how many rows are {what}; asking \
+                again on a new connection (the one asked may have stopped passing bytes)");
+            self.store.pool().retain(|_, _| false);
+            tokio::select! {
+                r = &mut first => (Some(r), true),
+                r = statement() => (Some(r), false),
+                () = &mut stop => (None, false),
+            }
+        }
+        .await;
+        // The asks given up are dropped by now, their connections back in the pool.
+        if !by_first {
+            self.store.pool().retain(|_, _| false);
+        }
+        if answer.is_none() {
+            warn!(
+                "PostgreSQL did not answer how many rows are {what} before the drain had to \
+                stop; gave up on the connection asked"
+            );
+        }
+        answer
     }
 
     /// The loop of [`Relay::drain`]; `term` is set while it leads on `session`.
@@ -58,8 +160,16 @@ impl Relay {
         timer: &CancellationToken,
         session: &mut Option<Session>,
         term: &mut Option<Term>,
-    ) -> Result<(), crate::store::StoreError> {
-        let at_start = self.store.pending_through(target).await?;
+    ) -> Result<(), StoreError> {
+        let stops = [shutdown, timer];
+        let stopped = || any_cancelled(&stops);
+        let counted = self
+            .ask("left", || self.store.pending_through(target), stopped())
+            .await;
+        // Not answered by the timeout: the last count says what is left.
+        let Some(at_start) = counted.transpose()? else {
+            return Ok(());
+        };
         info!(
             rows = at_start,
             through_id = target,
@@ -71,7 +181,7 @@ impl Relay {
         // A lost pooled connection, a server restarting: waited out until the timeout, as `run`
         // does, rather than ending the drain long before it. A missing table or privilege, or a
         // read-only server, ends it.
-        let ride_out = |e: &crate::store::StoreError| {
+        let ride_out = |e: &StoreError| {
             // First: a pooler's signs (42P05 among them) are also errors no waiting fixes.
             !self.pooled(e)
                 && e.is_retryable()
@@ -80,25 +190,30 @@ impl Relay {
                 && !shutdown.is_cancelled()
         };
         loop {
-            let left = match self.store.pending_through(target).await {
-                Ok(left) => left,
-                Err(e) if ride_out(&e) => {
+            if timer.is_cancelled() || shutdown.is_cancelled() {
+                // The last count says what is left.
+                return Ok(());
+            }
+            let counted = self
+                .ask("left", || self.store.pending_through(target), stopped())
+                .await;
+            let left = match counted {
+                // Not answered by the timeout: the last count says what is left.
+                None => return Ok(()),
+                Some(Ok(left)) => left,
+                Some(Err(e)) if ride_out(&e) => {
                     // Stopped meanwhile: the loop's next look says so.
                     self.db_backoff(&e, &mut db_failures, &[shutdown, timer])
                         .await;
                     continue;
                 }
-                Err(e) => return Err(e),
+                Some(Err(e)) => return Err(e),
             };
             if left == 0 {
                 info!(
                     rows = at_start,
                     "none of the rows pending at the start is pending now (delivered or dead)"
                 );
-                return Ok(());
-            }
-            if timer.is_cancelled() || shutdown.is_cancelled() {
-                warn!(left, "rows still pending at the timeout");
                 return Ok(());
             }
             if !self
@@ -149,6 +264,7 @@ impl Relay {
                     .unwrap_or(Duration::from_millis(50))
             });
             if let Some(w) = wait {
+                debug!(wait = ?w, "nothing to do now; looking again after the wait");
                 self.nap(w, &[shutdown, timer]).await;
             }
         }
@@ -170,14 +286,23 @@ impl Relay {
                 self.abandon(&old);
             }
             *term = None;
-            *session = self
-                .connect(false)
-                .await
-                .map_err(|e| {
-                    self.pooler.check(&e);
-                    warn!(error = %crate::db::describe(&e), "cannot connect")
-                })
-                .ok();
+            // Bounded: a path that lets the TCP connect through and nothing after it would hold
+            // the startup forever (the connect timeout covers only the TCP connect). Stopped
+            // meanwhile, the caller's next look says so.
+            *session = tokio::select! {
+                connected = self.connect(false) => connected
+                    .map_err(|e| {
+                        self.pooler.check(&e);
+                        warn!(error = %crate::db::describe(&e), "cannot connect")
+                    })
+                    .ok(),
+                () = any_cancelled(stop) => {
+                    warn!("gave up connecting to PostgreSQL to lead: the drain had to stop \
+                        first (a path to the database that lets connections in but no bytes \
+                        through?)");
+                    None
+                }
+            };
         }
         let Some(s) = session.as_ref() else {
             self.nap(Duration::from_millis(200), stop).await;

@@ -32,6 +32,8 @@ use tracing::{debug, error, info, warn};
 mod bell;
 mod drain;
 
+pub use drain::DrainError;
+
 use bell::SessionBell;
 
 /// Reconnecting the dedicated connection.

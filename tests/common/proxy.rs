@@ -19,6 +19,8 @@ type Hello = Arc<Mutex<Vec<u8>>>;
 type Switches = Arc<Mutex<Vec<(Arc<watch::Sender<Flow>>, Hello)>>>;
 /// The bytes a client sends after which its server's answers are held back (once).
 type Trap = Arc<Mutex<Option<Vec<u8>>>>;
+/// What a new connection's first bytes may contain to be frozen before any of them passes.
+type Doomed = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// How one connection forwards.
 #[derive(Clone, Copy, Debug, Default)]
@@ -37,6 +39,7 @@ pub struct FreezingProxy {
     /// PostgreSQL without TLS, the startup message, which names the `application_name`).
     switches: Switches,
     trap: Trap,
+    doomed: Doomed,
     tasks: Arc<Mutex<JoinSet<()>>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -50,9 +53,11 @@ impl FreezingProxy {
         let addr = listener.local_addr().expect("the proxy's address");
         let switches: Switches = Arc::default();
         let trap: Trap = Arc::default();
+        let doomed: Doomed = Arc::default();
         let tasks: Arc<Mutex<JoinSet<()>>> = Arc::default();
         let accept = {
             let (switches, tasks, trap) = (switches.clone(), tasks.clone(), trap.clone());
+            let doomed = doomed.clone();
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let Ok(server) = TcpStream::connect(target).await else {
@@ -68,6 +73,7 @@ impl FreezingProxy {
                     let upstream = Upstream {
                         hello,
                         trap: trap.clone(),
+                        doomed: doomed.clone(),
                         switch: tx,
                     };
                     tasks.spawn(pump(cr, sw, rx.clone(), Some(upstream)));
@@ -79,6 +85,7 @@ impl FreezingProxy {
             addr,
             switches,
             trap,
+            doomed,
             tasks,
             accept,
         }
@@ -98,6 +105,14 @@ impl FreezingProxy {
     /// `application_name`); returns how many.
     pub fn freeze_named(&self, needle: &str) -> usize {
         self.switch_where(contains(needle), |f| f.frozen = true)
+    }
+
+    /// [`FreezingProxy::freeze_named`], and from now on freezes each new connection whose
+    /// client's first bytes contain `needle` before any of them passes: a path on which no
+    /// connection of that client's gets through any more (its TCP connect still succeeds).
+    pub fn freeze_named_from_now_on(&self, needle: &str) -> usize {
+        self.doomed.lock().unwrap().push(needle.as_bytes().to_vec());
+        self.freeze_named(needle)
     }
 
     /// Delays every chunk the server sends by `delay`, on the connections open now whose
@@ -138,6 +153,7 @@ fn find(hay: &[u8], needle: &[u8]) -> bool {
 struct Upstream {
     hello: Hello,
     trap: Trap,
+    doomed: Doomed,
     switch: Arc<watch::Sender<Flow>>,
 }
 
@@ -173,11 +189,21 @@ async fn pump(
             return std::future::pending().await;
         }
         if let Some(up) = &upstream {
-            let mut h = up.hello.lock().unwrap();
-            if h.is_empty() {
-                h.extend_from_slice(&buf[..n]);
+            let first = {
+                let mut h = up.hello.lock().unwrap();
+                let first = h.is_empty();
+                if first {
+                    h.extend_from_slice(&buf[..n]);
+                }
+                first
+            };
+            let doomed = first && (up.doomed.lock().unwrap().iter()).any(|d| find(&buf[..n], d));
+            if doomed {
+                // Before the bytes go: the server never hears of this connection.
+                up.switch.send_modify(|f| f.frozen = true);
+                let _keep = from;
+                return std::future::pending().await;
             }
-            drop(h);
             let mut trap = up.trap.lock().unwrap();
             if trap.as_deref().is_some_and(|t| find(&buf[..n], t)) {
                 // Before the bytes go: the server's answer must not slip through.

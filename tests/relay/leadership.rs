@@ -247,6 +247,113 @@ async fn a_drain_whose_connections_freeze_mid_write_delivers_every_row_on_new_on
     );
 }
 
+/// `fga-relay drain --timeout 10s` through `proxy`, on five rows whose first Write OpenFGA
+/// answers 429 with `Retry-After: 3`: once the drain waits that out with nothing else to do (its
+/// connections idle), `freeze` is called. Returns the drain's exit status, waited for up to 40 s
+/// (its timeout, the few seconds its last count may take after it, and a wide margin), and its
+/// log. A count of drain's own that waits on a frozen connection is not bounded by anything else
+/// (the proxy's kernel acknowledges every byte: neither keepalives nor `tcp_user_timeout` fire),
+/// so without its bounds the drain never exits.
+async fn drain_frozen_while_it_waits(
+    env: &Env,
+    freeze: impl FnOnce(&crate::common::proxy::FreezingProxy),
+) -> (std::process::ExitStatus, String) {
+    let proxy = proxy_for(env).await;
+    let url = tcp_url(proxy.port());
+    env.fga.push_fault(FaultRule::once(Fault::rate_limited(3)));
+    let client = env.db.connect().await;
+    for i in 0..5 {
+        insert_with(
+            &client,
+            writes(&[tk(&format!("user:n{i}"), "viewer", "document:n")]),
+        )
+        .await;
+    }
+    let mut drain = env.command(&["drain", "--timeout", "10s"]);
+    drain.env("DATABASE_URL", &url);
+    let mut drain = RelayProc::spawn(drain);
+    // Said just before the wait, after the 429 (the stream that got it did work, so it did not
+    // wait): nothing runs on the drain's connections until the wait ends.
+    drain
+        .wait_for_log("nothing to do now; looking again after the wait")
+        .await;
+    freeze(&proxy);
+    let t0 = Instant::now();
+    let status = drain.wait_exit(Duration::from_secs(40)).await;
+    println!("drain exited {status} {:?} after the freeze", t0.elapsed());
+    (status, drain.logs())
+}
+
+/// `drain`'s idle pooled connections freeze (no byte passes, nothing is closed) while it waits
+/// out a `Retry-After`; its LISTEN connection and new connections get through. Its next count
+/// of the rows left, on a frozen connection, is asked again on a new one after a heartbeat (the
+/// pool's idle connections dropped), and the drain delivers every row and exits 0. Without the
+/// count's bounds it waits on the frozen connection forever, past its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_idle_pool_freezes_while_it_waits_out_a_retry_after_delivers_on_new_ones() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let (status, logs) = drain_frozen_while_it_waits(&env, |proxy| {
+        assert!(
+            proxy.freeze_named("fga-relay drain\0") >= 1,
+            "the idle pool"
+        );
+    })
+    .await;
+    assert!(status.success(), "{status}; its log:\n{logs}");
+    assert_eq!(env.pending().await, 0);
+    assert!(
+        logs.contains("asking again on a new connection"),
+        "the count waited on a frozen connection; its log:\n{logs}"
+    );
+    assert!(env.fga.has("user:n4", "viewer", "document:n"));
+}
+
+/// As above, but no connection of the pool's gets through any more, new ones included (their
+/// TCP connect succeeds, nothing after it passes): the drain gives its count up at its timeout,
+/// and its last count after a short grace, and exits 1 saying what happened and what to do.
+/// Without the bounds it never exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_pool_freezes_for_good_while_it_waits_exits_1_by_its_timeout_saying_why() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let (status, logs) = drain_frozen_while_it_waits(&env, |proxy| {
+        assert!(proxy.freeze_named_from_now_on("fga-relay drain\0") >= 1);
+    })
+    .await;
+    assert_eq!(status.code(), Some(1), "{status}; its log:\n{logs}");
+    for said in [
+        "PostgreSQL did not answer",
+        "stopped passing bytes",
+        "run `fga-relay drain` again",
+    ] {
+        assert!(logs.contains(said), "{said:?} not said; its log:\n{logs}");
+    }
+    assert_eq!(env.pending().await, 5);
+}
+
+/// As above, but what freezes for good is the LISTEN connection, new ones included: the session
+/// is lost while the drain waits, and its new one never opens (the connect timeout covers only
+/// the TCP connect, which succeeds). The drain gives that up at its timeout, counts the rows left
+/// on its pool, and exits 1 saying how many. Without the bound on the connect it never exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_new_session_never_opens_exits_1_by_its_timeout() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let (status, logs) = drain_frozen_while_it_waits(&env, |proxy| {
+        assert_eq!(
+            proxy.freeze_named_from_now_on("fga-relay drain listener"),
+            1
+        );
+    })
+    .await;
+    assert_eq!(status.code(), Some(1), "{status}; its log:\n{logs}");
+    for said in [
+        "gave up connecting to PostgreSQL",
+        "5 row(s) still pending after 10s",
+    ] {
+        assert!(logs.contains(said), "{said:?} not said; its log:\n{logs}");
+    }
+    assert_eq!(env.pending().await, 5);
+}
+
 /// A leader stopped with SIGSTOP (its kernel keeps the TCP sessions, so PostgreSQL sees nothing
 /// wrong) in the middle of a page, with one standby: the standby ends the stopped leader's
 /// session once its lease has run out and delivers rows inserted after the stop within 30 s.
