@@ -138,6 +138,11 @@ pub struct Deliverer {
     want_read: bool,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
+    /// Rows come faster than notifications are worth: the last two reads that found rows were
+    /// within two polls of each other (see `turn::poll`). The stream then lets the wake lock go
+    /// and reads again after a poll, so that writers skip NOTIFY, which at such rates costs
+    /// them much of their throughput.
+    rapid: bool,
     /// A read stopped at a row that waits for the configured store's id (`--store-name` not
     /// resolved yet): when to read again. Apart from the core's `due`, which each turn's
     /// planning sets anew from the rows in the queue: no row in the queue says this.
@@ -170,6 +175,7 @@ impl Deliverer {
             ahead: Ahead::default(),
             want_read: true,
             last_read: None,
+            rapid: false,
             read_again_at: None,
             said: crate::recurring::Recurring::default(),
             progress: Instant::now(),

@@ -17,6 +17,13 @@ use tokio::sync::mpsc;
 /// to 2 s (each try queues for the lock, and writers notify while it does).
 const WAKE_LOCK_POLL: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_secs(2));
 
+/// How soon the stream reads again while rows come faster than one a poll (see
+/// `Deliverer::rapid`): `--linger`, at least a millisecond. A row committed then waits at most
+/// that for its read, as it would for a notification's read put off by `--linger`.
+fn poll(linger: Duration) -> Duration {
+    linger.max(Duration::from_millis(1))
+}
+
 /// What one call of the stream keeps.
 pub(super) struct Turn<'a> {
     pub(super) crew: Crew,
@@ -36,6 +43,8 @@ pub(super) struct Turn<'a> {
     listen_at: Option<Instant>,
     /// A read put off by `--linger` is due then.
     pub(super) linger_until: Option<Instant>,
+    /// Rows come fast, the wake lock let go: the next read is due then.
+    poll_at: Option<Instant>,
     /// The sweep woke the stream: what the next read finds, no notification announced.
     swept: bool,
 }
@@ -64,6 +73,7 @@ impl<'a> Turn<'a> {
             spins: 0,
             listen_at: None,
             linger_until: None,
+            poll_at: None,
             swept: false,
         }
     }
@@ -139,7 +149,10 @@ impl Deliverer {
                     self.core.report.swept += n as u64;
                 }
                 self.want_read = n >= limit;
-                self.last_read = (n > 0).then(Instant::now);
+                let now = Instant::now();
+                let within = 2 * poll(self.core.settings.linger);
+                self.rapid = n > 0 && self.last_read.is_some_and(|t| now - t < within);
+                self.last_read = (n > 0).then_some(now);
                 self.ahead = read::Ahead::default();
             }
             Err(e) => turn.fail(e),
@@ -222,15 +235,16 @@ impl Deliverer {
         }
         let room = turn.flights.len() < self.core.window();
         if let Mode::Forever { bell, .. } = &controls.mode {
-            if turn.listening && (self.want_read || !room) {
-                // Busy: it reads anyway, so writers need not notify.
+            if turn.listening && (self.want_read || !room || self.rapid) {
+                // Busy, or rows come fast: it reads anyway, so writers need not notify.
                 turn.mute(controls).await;
-            } else if turn.launching
-                && !turn.listening
-                && !self.want_read
-                && room
-                && turn.listen_at.is_none_or(|t| t <= Instant::now())
-            {
+            }
+            let idle = turn.launching && !turn.listening && !self.want_read && room;
+            if idle && self.rapid {
+                // Rows come faster than one a poll: read again after one, rather than take the
+                // wake lock and have every writer notify. A read that finds none ends this.
+                turn.poll_at = self.last_read.map(|t| t + poll(self.core.settings.linger));
+            } else if idle && turn.listen_at.is_none_or(|t| t <= Instant::now()) {
                 match bell.listen().await {
                     Ok(true) => {
                         turn.listening = true;
@@ -255,6 +269,7 @@ impl Deliverer {
             self.read_again_at,
             turn.linger_until,
             turn.listen_at,
+            turn.poll_at,
         ]
         .into_iter()
         .flatten()
@@ -309,6 +324,7 @@ impl Deliverer {
                 self.read_again_at = None;
                 self.want_read = true;
                 turn.listen_at = None;
+                turn.poll_at = None;
             }
             // Once stopped, only the Writes in flight are waited for.
             _ = stop, if turn.launching => {}
