@@ -138,10 +138,14 @@ pub struct Deliverer {
     want_read: bool,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
-    /// Rows come faster than notifications are worth: the last two reads that found rows were
-    /// within two polls of each other (see `turn::poll`). The stream then lets the wake lock go
-    /// and reads again after a poll, so that writers skip NOTIFY, which at such rates costs
-    /// them much of their throughput.
+    /// The reads of the last ten polls that found rows: when, and how many.
+    found: std::collections::VecDeque<(Instant, usize)>,
+    /// Rows come faster than notifications are worth: the reads of the last ten polls (see
+    /// `turn::poll`) found ten rows or more, and it lasts until they find none. The stream then
+    /// lets the wake lock go and reads again after each poll, so that writers skip NOTIFY,
+    /// which at such rates costs them much of their throughput; taking the lock back (queued
+    /// behind the writers that hold it, who notify meanwhile) for each short gap between rows
+    /// would cost them as much.
     rapid: bool,
     /// A read stopped at a row that waits for the configured store's id (`--store-name` not
     /// resolved yet): when to read again. Apart from the core's `due`, which each turn's
@@ -175,6 +179,7 @@ impl Deliverer {
             ahead: Ahead::default(),
             want_read: true,
             last_read: None,
+            found: std::collections::VecDeque::new(),
             rapid: false,
             read_again_at: None,
             said: crate::recurring::Recurring::default(),

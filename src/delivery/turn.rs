@@ -150,13 +150,26 @@ impl Deliverer {
                 }
                 self.want_read = n >= limit;
                 let now = Instant::now();
-                let within = 2 * poll(self.core.settings.linger);
-                self.rapid = n > 0 && self.last_read.is_some_and(|t| now - t < within);
+                self.count_found(now, n);
                 self.last_read = (n > 0).then_some(now);
                 self.ahead = read::Ahead::default();
             }
             Err(e) => turn.fail(e),
         }
+    }
+
+    /// Counts what a read found, and says from it whether rows come faster than one a poll
+    /// (see `Deliverer::rapid`).
+    fn count_found(&mut self, now: Instant, n: usize) {
+        let span = 10 * poll(self.core.settings.linger);
+        while self.found.front().is_some_and(|(t, _)| now - *t > span) {
+            self.found.pop_front();
+        }
+        if n > 0 {
+            self.found.push_back((now, n));
+        }
+        let recent: usize = self.found.iter().map(|(_, n)| n).sum();
+        self.rapid = if self.rapid { recent > 0 } else { recent >= 10 };
     }
 
     /// Plans and sends Writes while the window has room.
@@ -242,8 +255,8 @@ impl Deliverer {
             let idle = turn.launching && !turn.listening && !self.want_read && room;
             if idle && self.rapid {
                 // Rows come faster than one a poll: read again after one, rather than take the
-                // wake lock and have every writer notify. A read that finds none ends this.
-                turn.poll_at = self.last_read.map(|t| t + poll(self.core.settings.linger));
+                // wake lock and have every writer notify. Ten polls that find none end this.
+                turn.poll_at = Some(Instant::now() + poll(self.core.settings.linger));
             } else if idle && turn.listen_at.is_none_or(|t| t <= Instant::now()) {
                 match bell.listen().await {
                     Ok(true) => {
