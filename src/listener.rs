@@ -495,6 +495,14 @@ async fn beat(pulse: Pulse) {
         match tokio::time::timeout_at(due + every, check).await {
             Ok(Ok(Beat::Alive)) => {}
             Ok(Ok(Beat::Renewed)) => {
+                let took = LeaseInstant::now().saturating_duration_since(sent);
+                if took > every / 2 {
+                    // A renewal has one heartbeat to answer before the lease runs out by this
+                    // relay's clock: past half of it, said before it is too late.
+                    warn!(took = ?took, heartbeat = ?every, "the lease's renewal was slow to \
+                        answer: PostgreSQL may be waiting on its disk (a renewal commits \
+                        durably); a longer --heartbeat-interval and --leader-lease give it room");
+                }
                 term.extend_to(sent + lease.lease - lease.margin);
             }
             Ok(Ok(Beat::TakenOver)) => {

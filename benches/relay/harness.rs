@@ -160,10 +160,13 @@ impl Bench {
             .collect();
         if !status.success() || !bad.is_empty() {
             println!(
-                "  note: the relay ({what}) exited with {status} and logged {} warnings/errors; first: {}",
+                "  note: the relay ({what}) exited with {status} and logged {} warnings/errors; the first {}:",
                 bad.len(),
-                bad.first().copied().unwrap_or("-")
+                bad.len().min(5)
             );
+            for line in bad.iter().take(5) {
+                println!("    {line}");
+            }
         }
     }
 
