@@ -11,7 +11,7 @@
 //! still delivers on new ones.
 
 use super::{Relay, Term};
-use crate::delivery::{Deliverer, Mode};
+use crate::delivery::{Deliverer, Mode, PassReport};
 use crate::listener::Session;
 use crate::pass_log::Trigger;
 use crate::shutdown::any_cancelled;
@@ -201,13 +201,11 @@ impl Relay {
                 // Not answered by the timeout: the last count says what is left.
                 None => return Ok(()),
                 Some(Ok(left)) => left,
-                Some(Err(e)) if ride_out(&e) => {
-                    // Stopped meanwhile: the loop's next look says so.
-                    self.db_backoff(&e, &mut db_failures, &[shutdown, timer])
-                        .await;
+                Some(Err(e)) => {
+                    self.ride_out(e, &ride_out, &mut db_failures, &stops)
+                        .await?;
                     continue;
                 }
-                Some(Err(e)) => return Err(e),
             };
             if left == 0 {
                 info!(
@@ -231,43 +229,67 @@ impl Relay {
             let Some(s) = session.as_ref() else {
                 continue;
             };
-            let keep_going = || {
-                !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost() && s.lease_valid()
-            };
-            let stop = [shutdown, timer, s.lost()];
-            let Some(report) = self
-                .guarded_stream(&mut deliverer, s, &keep_going, &stop, Mode::UntilIdle)
-                .await
-            else {
-                continue;
-            };
-            let report = match report {
-                Ok(report) => {
+            match self.drain_stream(&mut deliverer, s, &stops).await {
+                // Given up: the session is made anew.
+                None => {}
+                Some(Ok(report)) => {
                     db_failures = 0;
-                    report
+                    self.after_stream(&report, &stops).await;
                 }
-                Err(e) if ride_out(&e) => {
-                    // Stopped meanwhile: the loop's next look says so.
-                    self.db_backoff(&e, &mut db_failures, &[shutdown, timer])
-                        .await;
-                    continue;
+                Some(Err(e)) => {
+                    self.ride_out(e, &ride_out, &mut db_failures, &stops)
+                        .await?
                 }
-                Err(e) => return Err(e),
-            };
-            self.account(Trigger::Again, &report);
-            // Nothing left to do now: rows held back are due later, or the pending count did not
-            // yet see what was just marked.
-            let wait = (!report.did_work()).then(|| {
-                report
-                    .next_due
-                    .map(|at| at.saturating_duration_since(Instant::now()))
-                    .unwrap_or(Duration::from_millis(50))
-            });
-            if let Some(w) = wait {
-                debug!(wait = ?w, "nothing to do now; looking again after the wait");
-                self.nap(w, &[shutdown, timer]).await;
             }
         }
+    }
+
+    /// One stream while `drain` leads on `s`, until nothing is left to do now; None when it was
+    /// given up (see [`Relay::guarded_stream`]).
+    async fn drain_stream(
+        &self,
+        deliverer: &mut Deliverer,
+        s: &Session,
+        stops: &[&CancellationToken; 2],
+    ) -> Option<Result<PassReport, StoreError>> {
+        let [shutdown, timer] = *stops;
+        let keep_going =
+            || !shutdown.is_cancelled() && !timer.is_cancelled() && !s.is_lost() && s.lease_valid();
+        let stop = [shutdown, timer, s.lost()];
+        self.guarded_stream(deliverer, s, &keep_going, &stop, Mode::UntilIdle)
+            .await
+    }
+
+    /// Says what a stream did; when it did nothing (rows held back are due later, or the
+    /// pending count did not yet see what was just marked), waits before the next look.
+    async fn after_stream(&self, report: &PassReport, stops: &[&CancellationToken]) {
+        self.account(Trigger::Again, report);
+        if report.did_work() {
+            return;
+        }
+        let wait = report
+            .next_due
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_millis(50));
+        debug!(wait = ?wait, "nothing to do now; looking again after the wait");
+        self.nap(wait, stops).await;
+    }
+
+    /// A database error in the drain's loop: waited out (backing off) when `ride_out` says it
+    /// may heal before the drain ends, else returned. Stopped meanwhile, the loop's next look
+    /// says so.
+    async fn ride_out(
+        &self,
+        e: StoreError,
+        ride_out: &impl Fn(&StoreError) -> bool,
+        failures: &mut u32,
+        stops: &[&CancellationToken],
+    ) -> Result<(), StoreError> {
+        if !ride_out(&e) {
+            return Err(e);
+        }
+        self.db_backoff(&e, failures, stops).await;
+        Ok(())
     }
 
     /// Makes sure `drain` leads on a live session: connects anew after a loss, and takes
