@@ -60,6 +60,22 @@ fn write(path: &Path, value: &str) -> Result<()> {
     std::fs::write(path, value).with_context(|| format!("write {value:?} to {}", path.display()))
 }
 
+/// Makes the cgroup `name` under `root` (a hierarchy, of `controller` under v1), and finds the
+/// one this process is in there (`root` itself when it cannot tell), to move back to.
+fn new_group(
+    root: &Path,
+    controller: Option<&str>,
+    name: &str,
+) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let home = cgroup_of("self", controller).unwrap_or_else(|| "/".into());
+    let home = Some(root.join(home.trim_start_matches('/')))
+        .filter(|h| h.exists())
+        .unwrap_or_else(|| root.to_owned());
+    let dir = root.join(name);
+    std::fs::create_dir(&dir).with_context(|| format!("create the cgroup {}", dir.display()))?;
+    Ok((dir, home))
+}
+
 impl CpuQuota {
     /// A cgroup named for this process with `cpus` CPUs' worth of time per period.
     pub(crate) fn create(cpus: f64) -> Result<CpuQuota> {
@@ -70,13 +86,7 @@ impl CpuQuota {
         let name = format!("fga-relay-bench-{}", std::process::id());
         let v1 = Path::new("/sys/fs/cgroup/cpu");
         if v1.join("cpu.cfs_quota_us").exists() {
-            let home = cgroup_of("self", Some("cpu")).unwrap_or_else(|| "/".into());
-            let home = Some(v1.join(home.trim_start_matches('/')))
-                .filter(|h| h.exists())
-                .unwrap_or_else(|| v1.to_owned());
-            let dir = v1.join(&name);
-            std::fs::create_dir(&dir)
-                .with_context(|| format!("create the cgroup {}", dir.display()))?;
+            let (dir, home) = new_group(v1, Some("cpu"), &name)?;
             let quota = CpuQuota {
                 dir,
                 home,
@@ -101,13 +111,7 @@ impl CpuQuota {
             );
         }
         write(&root.join("cgroup.subtree_control"), "+cpu")?;
-        let home = cgroup_of("self", None).unwrap_or_else(|| "/".into());
-        let home = Some(root.join(home.trim_start_matches('/')))
-            .filter(|h| h.exists())
-            .unwrap_or_else(|| root.clone());
-        let dir = root.join(&name);
-        std::fs::create_dir(&dir)
-            .with_context(|| format!("create the cgroup {}", dir.display()))?;
+        let (dir, home) = new_group(&root, None, &name)?;
         let quota = CpuQuota {
             dir,
             home,
