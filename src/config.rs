@@ -264,10 +264,11 @@ impl DeliverySettings {
     }
 }
 
-/// The longest `--liveness-timeout` may be given: below it, a relay waiting as designed
-/// could be found stuck. The longest step of its main loop without a beat is a Write of a pass
-/// whose connection is lost: a lost connection is found within two heartbeats, and the pass is
-/// given up one Write's deadline and the fence's margin later.
+/// The shortest `--liveness-timeout` may be given: below it, a relay waiting as designed
+/// could be found stuck. The longest step of its main loop without a beat is a stream whose
+/// session is lost: a lost connection is found within two heartbeats, and the stream is given
+/// up one Write's deadline and the fence's margin later. A Write's requests to OpenFGA are
+/// shorter steps: each ends within the request timeout and counts as progress.
 pub fn shortest_liveness_timeout(
     delivery: &DeliverySettings,
     request_timeout: Duration,

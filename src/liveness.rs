@@ -15,33 +15,80 @@ use std::time::{Duration, Instant};
 /// only a loop that is stuck, not one that waits as designed, is declared dead.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// When something last happened, to the millisecond: set from any task, cheaply and often, and
+/// never moved back.
+pub struct Stamp {
+    start: Instant,
+    /// Milliseconds from `start` to the last mark.
+    last: AtomicU64,
+}
+
+impl Stamp {
+    /// Marked now.
+    pub fn new() -> Stamp {
+        Stamp {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    pub fn mark(&self) {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.last.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Marked at `at`, unless marked later already.
+    pub fn mark_at(&self, at: Instant) {
+        let ms = at.saturating_duration_since(self.start).as_millis() as u64;
+        self.last.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// When it was last marked.
+    pub fn at(&self) -> Instant {
+        self.start + Duration::from_millis(self.last.load(Ordering::Relaxed))
+    }
+
+    /// How long since the last mark.
+    pub fn elapsed(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+}
+
+impl Default for Stamp {
+    fn default() -> Stamp {
+        Stamp::new()
+    }
+}
+
 /// The main loop's last sign of life.
 pub struct Liveness {
-    start: Instant,
-    /// Milliseconds from `start` to the last beat.
-    last: AtomicU64,
+    last: Stamp,
     timeout: Duration,
 }
 
 impl Liveness {
     pub fn new(timeout: Duration) -> Liveness {
         Liveness {
-            start: Instant::now(),
-            last: AtomicU64::new(0),
+            last: Stamp::new(),
             timeout,
         }
     }
 
     /// The main loop made progress; cheap to call often.
     pub fn beat(&self) {
-        let now = self.start.elapsed().as_millis() as u64;
-        self.last.fetch_max(now, Ordering::Relaxed);
+        self.last.mark();
+    }
+
+    /// The main loop made progress at `progress`'s last mark: its work waits on others (the
+    /// Writes in flight) and is alive as long as they move.
+    pub fn beat_at(&self, progress: &Stamp) {
+        self.last.mark_at(progress.at());
     }
 
     /// How long since the last beat, when that is longer than the timeout (stuck).
     pub fn stalled_for(&self) -> Option<Duration> {
-        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
-        let since = self.start.elapsed().saturating_sub(last);
+        let since = self.last.elapsed();
         (since > self.timeout).then_some(since)
     }
 

@@ -21,7 +21,7 @@ impl Deliverer {
         answer: Result<Answer, StoreError>,
     ) -> Result<(), StoreError> {
         self.core.landed(&flight.keys, &flight.plan);
-        self.progress = Instant::now();
+        self.progress.mark();
         self.liveness.beat();
         let answer = match answer {
             Ok(a) => a,

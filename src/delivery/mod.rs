@@ -17,7 +17,7 @@
 //! `run` streams until it stops leading; `drain` streams until nothing is left to do now.
 
 use crate::config::DeliverySettings;
-use crate::liveness::Liveness;
+use crate::liveness::{Liveness, Stamp};
 use crate::metrics::Metrics;
 use crate::openfga::FgaClient;
 use crate::send_window::SendWindow;
@@ -153,10 +153,11 @@ pub struct Deliverer {
     read_again_at: Option<Instant>,
     /// When lasting conditions the reads meet were last said (once a minute while they last).
     said: crate::recurring::Recurring,
-    /// When a Write last landed, or left with none in flight: while Writes are in flight, the
-    /// stream is alive only if one lands now and then (each has a deadline); one stuck on a
-    /// connection that never answers stops the beats.
-    progress: Instant,
+    /// When a Write last landed, left with none in flight, or got an answer to one of its
+    /// requests to OpenFGA (each within one request timeout): while Writes are in flight, the
+    /// stream is alive only if they move now and then; one stuck on a connection that never
+    /// answers stops the beats. Shared with the Writes' tasks.
+    progress: Arc<Stamp>,
     /// Told at each step (a read, a Write answered): a stream that moves is alive, one stuck on
     /// a connection that never answers is not.
     liveness: Arc<Liveness>,
@@ -183,7 +184,7 @@ impl Deliverer {
             rapid: false,
             read_again_at: None,
             said: crate::recurring::Recurring::default(),
-            progress: Instant::now(),
+            progress: Arc::default(),
             liveness,
         }
     }
@@ -197,10 +198,13 @@ impl Deliverer {
         self.want_read = true;
     }
 
-    /// Says the stream is alive: always while no Write is in flight (it waits, or works), and
-    /// while Writes are in flight only if one landed (or left) within the liveness timeout.
+    /// Says the stream is alive: now while no Write is in flight (it waits, or works), and
+    /// while Writes are in flight as of their last step (see `progress`), so that one stuck
+    /// on a connection that never answers is found stuck a liveness timeout after that step.
     fn pulse(&self, flying: bool) {
-        if !flying || self.progress.elapsed() < self.liveness.timeout() {
+        if flying {
+            self.liveness.beat_at(&self.progress);
+        } else {
             self.liveness.beat();
         }
     }

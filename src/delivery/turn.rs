@@ -58,6 +58,7 @@ impl<'a> Turn<'a> {
                 store: d.store.clone(),
                 client: d.client.clone(),
                 metrics: d.core.metrics.clone(),
+                progress: d.progress.clone(),
                 ask,
                 window: controls.window.clone(),
             },
@@ -211,7 +212,7 @@ impl Deliverer {
             };
             let flight = self.core.launch(plan);
             if turn.flights.is_empty() {
-                self.progress = Instant::now();
+                self.progress.mark();
             }
             turn.flights.spawn(flight.fly(turn.crew.clone(), locked));
             self.core

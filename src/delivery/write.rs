@@ -19,6 +19,7 @@
 
 use super::core::Flight;
 use super::order::Plan;
+use crate::liveness::Stamp;
 use crate::metrics::Metrics;
 use crate::openfga::{FgaClient, Target, WriteError};
 use crate::payload::{Condition, Op, same_condition};
@@ -117,6 +118,7 @@ impl Flight {
             store,
             client,
             metrics,
+            progress,
             ask,
             window,
         } = crew;
@@ -144,10 +146,17 @@ impl Flight {
         let ops = self.plan.ops();
         let started = Instant::now();
         let target = &self.plan.target;
-        let result = match client.write(target, &ops, window).await {
-            Err(WriteError::AlreadyApplied { op, message }) => {
-                confirm_applied(client, target, &ops, op, message).await
-            }
+        // Each request's answer (or its timeout) is a step of the stream's: a Write waiting on a
+        // slow OpenFGA is not a stuck stream, and no step takes longer than a request timeout.
+        let step = || progress.mark();
+        let result = match client.write(target, &ops, window, &step).await {
+            Err(WriteError::AlreadyApplied { op, message }) => client
+                .within_deadline(
+                    "reading the tuple back after \"already exists\"",
+                    confirm_applied(client, target, &ops, op, message),
+                )
+                .await
+                .and_then(|r| r),
             r => r,
         };
         let sent = !matches!(result, Err(WriteError::NotSent));
@@ -253,13 +262,15 @@ pub(super) async fn confirm_applied(
     })
 }
 
-/// What every Write of a stream goes with: the database, OpenFGA, the metrics, the way back to
-/// the stream's `keep_going`, and the lease's send window.
+/// What every Write of a stream goes with: the database, OpenFGA, the metrics, the stream's
+/// progress, the way back to the stream's `keep_going`, and the lease's send window.
 #[derive(Clone)]
 pub(super) struct Crew {
     pub(super) store: Store,
     pub(super) client: Arc<FgaClient>,
     pub(super) metrics: Metrics,
+    /// Marked as each of a Write's requests to OpenFGA ends (see `Deliverer::progress`).
+    pub(super) progress: Arc<Stamp>,
     pub(super) ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     pub(super) window: SendWindow,
 }

@@ -126,49 +126,76 @@ impl FgaClient {
         unreachable!("the loop returns on its second pass")
     }
 
-    /// Sends one Write carrying `ops` to `target`'s store and model, all of it (OIDC token
-    /// fetch, the request, and the retry after a 401) within one request timeout: a new
-    /// leader's fence counts on no Write of an earlier leader lasting longer. Its body leaves
-    /// only while `window` is open.
+    /// Sends one Write carrying `ops` to `target`'s store and model, in steps that each end
+    /// within one request timeout and are told to `step` as they end: what is asked before it
+    /// (the store's id, whether the store still exists), the Write itself (OIDC token fetch,
+    /// the request, and the retry after a 401), and what a refusal needs asked after it
+    /// (whether a store or model a row names exists). A new leader's fence counts on no Write
+    /// of an earlier leader lasting longer than its own deadline; the relay's liveness, on no
+    /// step lasting longer than a request timeout. The Write's body leaves only while `window`
+    /// is open.
     pub async fn write(
         &self,
         target: &Target,
         ops: &[&Op],
         window: &SendWindow,
+        step: &(dyn Fn() + Sync),
     ) -> Result<(), WriteError> {
-        // Outside the Write's deadline: a GetStore sends nothing a fence must wait for, and its
-        // token fetch must not eat into the Write's time.
+        // Before the Write's deadline starts: a GetStore sends nothing a fence must wait for,
+        // and its token fetch must not eat into the Write's time.
         let store_id: &str = match &target.store {
             Some(id) => id,
-            None => self.request_store_id().await?,
+            None => {
+                self.within_deadline("resolving the store's name", self.request_store_id())
+                    .await??
+            }
         };
-        self.store_still_exists(store_id, target.store.is_none())
-            .await?;
+        step();
+        // A GetStore that does not answer in time is no reason to hold, as one that fails is
+        // not: the Write tells what it can.
+        if let Ok(exists) = tokio::time::timeout(
+            self.write_deadline,
+            self.store_still_exists(store_id, target.store.is_none()),
+        )
+        .await
+        {
+            exists?;
+        }
+        step();
         let model = match &target.model {
             Some(m) => Some(&**m),
             None if target.store.is_none() => self.model_id.as_deref(),
             None => None,
         };
-        let written = tokio::time::timeout(
-            self.write_deadline,
-            self.write_unbounded(store_id, model, ops, window),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(WriteError::Transient {
-                reason: format!(
-                    "the Write (token and retry included) timed out after {:?}",
-                    self.write_deadline
-                ),
-                retry_after: None,
-            })
-        });
+        let written = self
+            .within_deadline(
+                "the Write (token and retry included)",
+                self.write_unbounded(store_id, model, ops, window),
+            )
+            .await
+            .and_then(|w| w);
+        step();
         match written {
             Err(e) if target.store.is_some() || target.model.is_some() => {
                 Err(self.named_target_missing(target, store_id, e).await)
             }
             other => other,
         }
+    }
+
+    /// `f`, given up after one request timeout as a transient failure: nothing a fence waits
+    /// for, and no step the relay's liveness could take for a stuck loop, lasts longer.
+    pub async fn within_deadline<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = T>,
+    ) -> Result<T, WriteError> {
+        tokio::time::timeout(self.write_deadline, f)
+            .await
+            .map_err(|_| WriteError::Transient {
+                reason: format!("{what} timed out after {:?}", self.write_deadline),
+                retry_after: None,
+            })
     }
 
     async fn write_unbounded(

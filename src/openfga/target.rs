@@ -65,15 +65,18 @@ impl FgaClient {
         };
         let answer = format!("the Write was answered 400 {code}: {message}");
         if target.store.is_some() {
-            match self.get_store(store_id).await {
-                Ok(None) => {
+            match self
+                .within_deadline("GetStore", self.get_store(store_id))
+                .await
+            {
+                Ok(Ok(None)) => {
                     return WriteError::UnknownTarget {
                         message: format!("OpenFGA has no store {store_id}: {answer}"),
                     };
                 }
-                Ok(Some(_)) => {}
+                Ok(Ok(Some(_))) => {}
                 // Whether the store exists is not known: the row waits.
-                Err(_) => return e,
+                Ok(Err(_)) | Err(_) => return e,
             }
         }
         match (code.as_str(), &target.model) {

@@ -2,7 +2,7 @@
 //! asked), `/readyz` (PostgreSQL and the LISTEN connection are up; `leader` or `standby`), and
 //! `/healthz` (the LISTEN connection is up).
 
-use crate::common::fga::Fga;
+use crate::common::fga::{Fault, FaultRule, Fga, StoredTuple};
 use crate::common::metrics::get;
 use crate::common::pg::PROMPTLY;
 use crate::common::proxy::{proxy_for, tcp_db, tcp_url};
@@ -219,4 +219,87 @@ async fn a_relay_waiting_on_a_hung_openfga_stays_live() {
     }
     env.fga.set_hanging(false);
     env.wait_delivered(id).await;
+}
+
+/// Settings under which one Write's steps, each a little under the request timeout, add up to
+/// more than the shortest liveness timeout: a 5 s request timeout, its 1 s margin and two 1 s
+/// heartbeats make 8 s.
+const SLOW_STEPS: [(&str, &str); 4] = [
+    ("FGA_RELAY_REQUEST_TIMEOUT", "5s"),
+    ("FGA_RELAY_LEADER_LEASE", "8s"),
+    ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+    ("FGA_RELAY_LIVENESS_TIMEOUT", "8s"),
+];
+const SLOW_LIVENESS: Duration = Duration::from_secs(8);
+/// A little under the request timeout: each step answers, late.
+const SLOW: Duration = Duration::from_millis(4_700);
+
+/// Inserts one row while `faults` slow OpenFGA's answers down, and asks `/livez` every 100 ms
+/// until the row is delivered, later than the liveness timeout: the relay, with only this
+/// Write in flight, must stay live throughout, since each of its steps ends within a request
+/// timeout.
+async fn stays_live_through_slow_steps(env: &Env, faults: &[FaultRule]) {
+    let (relay, base) = env.spawn_relay_with_endpoint(&SLOW_STEPS).await;
+    relay.wait_for_log("delivering (leader)").await;
+    for rule in faults {
+        env.fga.push_fault(rule.clone());
+    }
+    let id = env
+        .insert(writes(&[tk("user:slow", "viewer", "document:s")]))
+        .await;
+    let since = Instant::now();
+    while !env.row(id).await.delivered {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "not delivered in 30 s; relay log:\n{}",
+            relay.logs()
+        );
+        assert_eq!(
+            get(&format!("{base}/livez")).await.0,
+            200,
+            "not live {:?} into a Write whose every step answered within the request timeout; \
+             relay log:\n{}",
+            since.elapsed(),
+            relay.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        since.elapsed() > SLOW_LIVENESS,
+        "delivered in {:?}: the steps did not outlast the liveness timeout",
+        since.elapsed()
+    );
+}
+
+/// The first Write to a store asks GetStore first: a slow answer to it, then a slow Write, are
+/// two steps, each within the request timeout, and the relay stays live through both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_store_lookup_then_a_slow_write_keep_the_relay_live() {
+    let env = Env::start().await;
+    stays_live_through_slow_steps(
+        &env,
+        &[
+            FaultRule::once(Fault::Delay(SLOW)).on_get_store(),
+            FaultRule::once(Fault::Delay(SLOW)),
+        ],
+    )
+    .await;
+}
+
+/// On OpenFGA before 1.10, a Write of a tuple it holds is answered "already exists", and the
+/// relay reads the tuple back: a slow Write then a slow read-back are two steps, and the relay
+/// stays live through both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_write_then_a_slow_read_back_keep_the_relay_live() {
+    let env = Env::with_fga(Fga::builder().legacy().start()).await;
+    env.fga
+        .insert_tuple(StoredTuple::new("user:slow", "viewer", "document:s"));
+    stays_live_through_slow_steps(
+        &env,
+        &[
+            FaultRule::once(Fault::Delay(SLOW)),
+            FaultRule::once(Fault::Delay(SLOW)).on_read(),
+        ],
+    )
+    .await;
 }

@@ -1,6 +1,6 @@
-//! Faults a test injects through the proxy into Write requests, and into ListStores (what a real
-//! OpenFGA cannot be made to do on demand): which rule a request takes, and what each fault
-//! answers.
+//! Faults a test injects through the proxy into Write requests, and into the relay's other
+//! requests (ListStores, GetStore, Read): what a real OpenFGA cannot be made to do on demand.
+//! Which rule a request takes, and what each fault answers.
 
 use std::time::Duration;
 
@@ -40,6 +40,20 @@ impl FaultRule {
         self
     }
 
+    /// For GetStore requests instead of Writes: the relay asks whether a store still exists
+    /// before it writes to it (the first Write, then every minute).
+    pub fn on_get_store(mut self) -> Self {
+        self.route = Route::GetStore;
+        self
+    }
+
+    /// For Read requests instead of Writes: the relay reads a tuple back after an older
+    /// OpenFGA's "already exists".
+    pub fn on_read(mut self) -> Self {
+        self.route = Route::Read;
+        self
+    }
+
     /// Only Writes to this store.
     pub fn when_store(mut self, store: &str) -> Self {
         self.only_if_store = Some(store.to_owned());
@@ -59,6 +73,28 @@ pub enum Route {
     Write,
     /// `GET /stores`: ListStores, through which the relay resolves `--store-name`.
     ListStores,
+    /// `GET /stores/{id}`: GetStore.
+    GetStore,
+    /// `POST /stores/{id}/read`: Read.
+    Read,
+}
+
+impl Route {
+    /// The route of a request a fault can be injected into; `None` for any other.
+    pub(super) fn of(method: &str, path: &str) -> Option<Route> {
+        let rest = path.strip_prefix("/stores")?;
+        if !rest.is_empty() && !rest.starts_with('/') {
+            return None;
+        }
+        let parts: Vec<&str> = rest.trim_matches('/').split('/').collect();
+        match (method, parts.as_slice()) {
+            ("GET", [""]) => Some(Route::ListStores),
+            ("GET", [_]) => Some(Route::GetStore),
+            ("POST", [_, "write"]) => Some(Route::Write),
+            ("POST", [_, "read"]) => Some(Route::Read),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -1,8 +1,8 @@
 //! The fault proxy in front of a real OpenFGA: it passes every request on, records each Write,
 //! and injects into Writes what a real server cannot be made to do on demand (5xx, 429, hangs,
 //! dropped connections, a proxy's 413 and HTML pages, a Write applied late), the same into
-//! ListStores (a `--store-name` that cannot be resolved), and plays an OIDC gateway when a test
-//! wants one.
+//! ListStores (a `--store-name` that cannot be resolved), GetStore and Read (a slow store lookup
+//! or read-back), and plays an OIDC gateway when a test wants one.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -203,24 +203,35 @@ impl Proxy {
             .unwrap_or_else(|_| Reply::error(500, "internal_error", "Internal Server Error"))
     }
 
-    /// A ListStores request: its answer recorded, faulted or passed on.
-    async fn list_stores(&self, path: &str, headers: &HeaderMap, conn: &ConnCtl) -> Reply {
-        let index = {
+    /// A request of a route other than Write's, faulted or passed on; a ListStores request's
+    /// answer is recorded.
+    async fn other(
+        &self,
+        route: Route,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        conn: &ConnCtl,
+    ) -> Reply {
+        let index = (route == Route::ListStores).then(|| {
             let mut state = self.state();
             state.list_stores.push(0);
             state.list_stores.len() - 1
-        };
-        let reply = match faulted(self.take_fault(Route::ListStores, "", &[]), conn).await {
+        });
+        let reply = match faulted(self.take_fault(route, store_of(path), &[]), conn).await {
             Faulted::Answer(reply) => reply,
             Faulted::Forward { delay, instead } => {
                 if let Some(delay) = delay {
                     tokio::time::sleep(delay).await;
                 }
-                let reply = self.forward("GET", path, headers, Bytes::new()).await;
+                let reply = self.forward(method, path, headers, body).await;
                 instead.map_or(reply, Reply::fault)
             }
         };
-        if let Some(status) = self.state().list_stores.get_mut(index) {
+        if let Some(i) = index
+            && let Some(status) = self.state().list_stores.get_mut(i)
+        {
             *status = reply.status;
         }
         reply
@@ -319,14 +330,15 @@ async fn handle(
             return Reply::error(401, code, message).into_response();
         }
     }
-    let reply = if is_write(parts.method.as_str(), parts.uri.path()) {
-        proxy.write(path, parts.headers, body, &conn).await
-    } else if is_list_stores(parts.method.as_str(), parts.uri.path()) {
-        proxy.list_stores(&path, &parts.headers, &conn).await
-    } else {
-        proxy
-            .forward(parts.method.as_str(), &path, &parts.headers, body)
-            .await
+    let method = parts.method.as_str();
+    let reply = match Route::of(method, parts.uri.path()) {
+        Some(Route::Write) => proxy.write(path, parts.headers, body, &conn).await,
+        Some(route) => {
+            proxy
+                .other(route, method, &path, &parts.headers, body, &conn)
+                .await
+        }
+        None => proxy.forward(method, &path, &parts.headers, body).await,
     };
     reply.into_response()
 }
@@ -339,12 +351,7 @@ fn store_of(path: &str) -> &str {
 }
 
 fn is_write(method: &str, path: &str) -> bool {
-    method == "POST" && path.starts_with("/stores/") && path.ends_with("/write")
-}
-
-/// ListStores (`GET /stores?name=…`), not GetStore (`GET /stores/{id}`).
-fn is_list_stores(method: &str, path: &str) -> bool {
-    method == "GET" && path.trim_end_matches('/') == "/stores"
+    Route::of(method, path) == Some(Route::Write)
 }
 
 /// The (user, relation, object) of every operation in a Write body; none when it is not JSON.
