@@ -39,6 +39,7 @@ mod model;
 mod order;
 mod read;
 mod turn;
+mod walk;
 mod write;
 
 use core::{Core, Flight};

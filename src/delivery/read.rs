@@ -94,7 +94,12 @@ impl Deliverer {
         let mut open = locked.is_some();
         let rows = match locked {
             Some(rows) => rows,
-            None => self.store.claim(conn, &hand, &closed, limit as i64).await?,
+            None => {
+                let (lo, hi) = super::walk::ranges(&hand);
+                self.store
+                    .claim(conn, &hand, &closed, limit as i64, (&lo, &hi))
+                    .await?
+            }
         };
         let n = rows.len();
         let (ids, stopped) = self.queue_rows(conn, rows, &mut open).await?;
