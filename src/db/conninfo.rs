@@ -59,6 +59,34 @@ pub fn resolve(
             )
         })?
     };
+    let hosts_defaulted = fill_target(&mut config, &env)?;
+    let connect_timeout_given =
+        rest.contains("connect_timeout") || connect_timeout_from_env(&mut config, &env)?;
+    let tls_from_env = fill_tls(&mut tls, &env);
+    if config.get_password().is_none() {
+        if let Some(p) = env("PGPASSWORD") {
+            config.password(p);
+        } else if with_password_file && let Some(p) = password_from_file(&config, &env) {
+            config.password(p);
+        }
+    }
+    Ok(Conninfo {
+        config,
+        tls,
+        connect_timeout_given,
+        tls_from_env,
+        target_session_attrs_given: rest.contains("target_session_attrs"),
+        hosts_defaulted,
+    })
+}
+
+/// Fills in what the connection string left out of where to connect and as whom from libpq's
+/// environment (`PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGAPPNAME`), then its defaults.
+/// Returns whether the hosts are libpq's default socket directories (no server was named).
+fn fill_target(
+    config: &mut Config,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<bool, ConfigError> {
     let hosts_defaulted = config.get_hosts().is_empty() && env("PGHOST").is_none();
     if config.get_hosts().is_empty() {
         match env("PGHOST") {
@@ -105,21 +133,34 @@ pub fn resolve(
     {
         config.application_name(a);
     }
-    let mut connect_timeout_given = rest.contains("connect_timeout");
-    if !connect_timeout_given && let Some(t) = env("PGCONNECT_TIMEOUT") {
-        let secs: i64 = t.trim().parse().map_err(|_| {
-            ConfigError::new(
-                "PGCONNECT_TIMEOUT",
-                format!("{t:?} is not a number of seconds"),
-            )
-        })?;
-        // As libpq: 0 or less waits for ever, and less than 2 s means 2 s.
-        if secs > 0 {
-            config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
-        }
-        connect_timeout_given = true;
+    Ok(hosts_defaulted)
+}
+
+/// `PGCONNECT_TIMEOUT`, as libpq reads it: 0 or less waits for ever, and less than 2 s means
+/// 2 s. Returns whether it was given.
+fn connect_timeout_from_env(
+    config: &mut Config,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<bool, ConfigError> {
+    let Some(t) = env("PGCONNECT_TIMEOUT") else {
+        return Ok(false);
+    };
+    let secs: i64 = t.trim().parse().map_err(|_| {
+        ConfigError::new(
+            "PGCONNECT_TIMEOUT",
+            format!("{t:?} is not a number of seconds"),
+        )
+    })?;
+    if secs > 0 {
+        config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
     }
-    let mut tls_from_env = Vec::new();
+    Ok(true)
+}
+
+/// Fills in the TLS settings the connection string left out from libpq's environment
+/// (`PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`); returns the variables it took.
+fn fill_tls(tls: &mut TlsParams, env: &dyn Fn(&str) -> Option<String>) -> Vec<&'static str> {
+    let mut from_env = Vec::new();
     for (slot, var) in [
         (&mut tls.sslmode, "PGSSLMODE"),
         (&mut tls.sslrootcert, "PGSSLROOTCERT"),
@@ -129,25 +170,11 @@ pub fn resolve(
         if slot.is_none() {
             *slot = env(var);
             if slot.is_some() {
-                tls_from_env.push(var);
+                from_env.push(var);
             }
         }
     }
-    if config.get_password().is_none() {
-        if let Some(p) = env("PGPASSWORD") {
-            config.password(p);
-        } else if with_password_file && let Some(p) = password_from_file(&config, &env) {
-            config.password(p);
-        }
-    }
-    Ok(Conninfo {
-        config,
-        tls,
-        connect_timeout_given,
-        tls_from_env,
-        target_session_attrs_given: rest.contains("target_session_attrs"),
-        hosts_defaulted,
-    })
+    from_env
 }
 
 /// The password file's password for the first host that has one (a connection carries one

@@ -181,12 +181,23 @@ pub fn classify(
             retry_after,
         };
     }
-    let Some(ErrorBody { code, message }) = parsed else {
-        return WriteError::Unexpected {
+    match parsed {
+        Some(answer) => classify_answer(status, retry_after, answer, ops),
+        None => WriteError::Unexpected {
             status,
             excerpt: excerpt(body),
-        };
-    };
+        },
+    }
+}
+
+/// Classifies OpenFGA's own error answer (a 4xx other than 408, 413 and 429) to a Write
+/// carrying `ops`: by its code, and for a 400 by what its message names.
+fn classify_answer(
+    status: u16,
+    retry_after: Option<Duration>,
+    ErrorBody { code, message }: ErrorBody,
+    ops: &[&Op],
+) -> WriteError {
     match (status, code.as_str()) {
         (409, "Aborted") if message.contains("with a different condition") => {
             WriteError::Rejected {

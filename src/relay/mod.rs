@@ -232,6 +232,15 @@ impl Relay {
             session.lost().cancelled().await;
             tokio::time::sleep(grace).await;
         };
+        // Told to stop (a shutdown, drain's timeout), a stream ends once its Writes in flight
+        // have (each within the request timeout), and sends none after the stop (its Writes ask
+        // `keep_going` before they leave). One that has not ended a fence's time later waits on
+        // a pooled connection that stopped answering while the session's holds (a path that
+        // froze): only giving it up ends that wait, and no Write of it can still be in flight.
+        let stuck = async {
+            crate::shutdown::any_cancelled(stop).await;
+            tokio::time::sleep(grace).await;
+        };
         tokio::select! {
             r = stream => Some(r),
             _ = given_up => {
@@ -240,6 +249,12 @@ impl Relay {
                 // Now, not only in `abandon`: `drain` asks the pool how many rows are left
                 // before it reconnects, and the pool's idle connections may be frozen as the
                 // stream's were; nothing would end that wait.
+                self.store.pool().retain(|_, _| false);
+                None
+            }
+            _ = stuck => {
+                warn!(waited = ?grace, "delivery did not stop when told to: it waits on a \
+                    database connection that stopped answering; giving it up");
                 self.store.pool().retain(|_, _| false);
                 None
             }

@@ -354,6 +354,43 @@ async fn a_drain_whose_new_session_never_opens_exits_1_by_its_timeout() {
     assert_eq!(env.pending().await, 5);
 }
 
+/// `fga-relay drain --timeout 8s` whose pooled connections freeze for good in the middle of its
+/// rows (new ones too: their TCP connect succeeds, nothing after it passes), while its LISTEN
+/// connection stays healthy, so that its session is never lost. Its stream waits on a frozen
+/// connection; told to stop at the timeout, it is given up a fence later (2 s + 1 s), and the
+/// drain exits 1 by its timeout, its last count's grace and a margin. Without that bound it waits
+/// on the frozen connection for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_pool_freezes_for_good_mid_stream_exits_1_by_its_timeout() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(300)),
+        1_000_000,
+    ));
+    let client = env.db.connect().await;
+    insert_viewers(&client, "m", "document:m", 20).await;
+    let mut drain = env.command(&["drain", "--timeout", "8s"]);
+    drain.envs([
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ]);
+    let mut drain = RelayProc::spawn(drain);
+    wait_for_writes(&env.fga, 2, "the drain is in the middle of its rows").await;
+    assert!(proxy.freeze_named_from_now_on("fga-relay drain\0") >= 1);
+    let t0 = Instant::now();
+    let status = drain.wait_exit(Duration::from_secs(40)).await;
+    println!("drain exited {status} {:?} after the freeze", t0.elapsed());
+    let logs = drain.logs();
+    assert_eq!(status.code(), Some(1), "{status}; its log:\n{logs}");
+    assert!(
+        logs.contains("did not stop when told to"),
+        "the stream was not given up; its log:\n{logs}"
+    );
+    assert!(env.pending().await > 0);
+}
+
 /// A leader stopped with SIGSTOP (its kernel keeps the TCP sessions, so PostgreSQL sees nothing
 /// wrong) in the middle of a page, with one standby: the standby ends the stopped leader's
 /// session once its lease has run out and delivers rows inserted after the stop within 30 s.
