@@ -136,10 +136,11 @@ fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
 }
 
 /// The longest a delivering relay's transaction may stay idle (the server ends it past that):
-/// each Write's transaction is idle while its one Write call runs, bounded by
-/// `request_timeout`; with a margin.
+/// each Write's transaction is idle while the Write runs and, when OpenFGA's answer needs a
+/// look, the one request after it (a read-back, a GetStore), each bounded by `request_timeout`
+/// (what is asked before a Write is asked before its rows are locked); with a margin.
 pub fn claim_idle_limit(request_timeout: Duration) -> Duration {
-    request_timeout + Duration::from_secs(5)
+    request_timeout * 2 + Duration::from_secs(5)
 }
 
 /// Resolves `DATABASE_URL` and libpq's environment into a connection config with the relay's

@@ -23,7 +23,7 @@ pub(super) fn ranges(held: &[i64]) -> (Vec<i64>, Vec<i64>) {
         }
     }
     if runs.len() > MAX_RUNS {
-        runs.sort_unstable_by_key(|(first, last)| std::cmp::Reverse(last - first));
+        runs.sort_unstable_by_key(|(first, last)| std::cmp::Reverse(last.abs_diff(*first)));
         runs.truncate(MAX_RUNS);
         runs.sort_unstable();
     }

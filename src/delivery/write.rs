@@ -123,6 +123,38 @@ impl Flight {
             window,
         } = crew;
         let gate = &self.gate;
+        let target = &self.plan.target;
+        // Each request's answer (or its timeout) is a step of the stream's: a Write waiting on a
+        // slow OpenFGA is not a stuck stream, and no step takes longer than a request timeout.
+        let step = || progress.mark();
+        // What OpenFGA is asked before the Write goes first, before its rows are locked: a
+        // Write that passes the last look at `keep_going` then leaves at once (see
+        // `Relay::guarded_stream`), and no transaction stays open across those questions. Rows
+        // read locked wait for no question: their transaction is let go if there are some.
+        let locked = match locked {
+            Some(tx) if !client.ready(target) => {
+                tx.rollback().await?;
+                None
+            }
+            locked => locked,
+        };
+        if locked.is_none() && gate.is_closed() {
+            return Ok(Answer::Deferred);
+        }
+        let to = match client.prepare(target, &step).await {
+            Ok(to) => to,
+            Err(e) => {
+                if let Some(tx) = locked {
+                    tx.rollback().await?;
+                }
+                // Nothing was sent: with the lease run out meanwhile, nothing to hold against
+                // the rows either.
+                if !window.is_open() {
+                    return Ok(Answer::Deferred);
+                }
+                return Ok(Answer::Sent(Err(e)));
+            }
+        };
         let tx = match locked {
             Some(tx) => tx,
             None if gate.is_closed() => return Ok(Answer::Deferred),
@@ -145,11 +177,7 @@ impl Flight {
         }
         let ops = self.plan.ops();
         let started = Instant::now();
-        let target = &self.plan.target;
-        // Each request's answer (or its timeout) is a step of the stream's: a Write waiting on a
-        // slow OpenFGA is not a stuck stream, and no step takes longer than a request timeout.
-        let step = || progress.mark();
-        let result = match client.write(target, &ops, window, &step).await {
+        let result = match client.write(&to, &ops, window, &step).await {
             Err(WriteError::AlreadyApplied { op, message }) => client
                 .within_deadline(
                     "reading the tuple back after \"already exists\"",

@@ -190,8 +190,8 @@ pub fn classify(
     }
 }
 
-/// Classifies OpenFGA's own error answer (a 4xx other than 408, 413 and 429) to a Write
-/// carrying `ops`: by its code, and for a 400 by what its message names.
+/// Classifies an error answer in OpenFGA's shape (`code`, `message`) to a Write carrying `ops`,
+/// other than 408, 413, 429 and 5xx: by its code, and for a 400 by what its message names.
 fn classify_answer(
     status: u16,
     retry_after: Option<Duration>,

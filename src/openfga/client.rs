@@ -126,58 +126,94 @@ impl FgaClient {
         unreachable!("the loop returns on its second pass")
     }
 
-    /// Sends one Write carrying `ops` to `target`'s store and model, in steps that each end
-    /// within one request timeout and are told to `step` as they end: what is asked before it
-    /// (the store's id, whether the store still exists), the Write itself (OIDC token fetch,
-    /// the request, and the retry after a 401), and what a refusal needs asked after it
-    /// (whether a store or model a row names exists). A new leader's fence counts on no Write
-    /// of an earlier leader lasting longer than its own deadline; the relay's liveness, on no
-    /// step lasting longer than a request timeout. The Write's body leaves only while `window`
-    /// is open.
-    pub async fn write(
-        &self,
-        target: &Target,
-        ops: &[&Op],
-        window: &SendWindow,
+    /// What a Write to `target` asks OpenFGA before it leaves: the store's id (ListStores, while
+    /// `--store-name` is not resolved yet) and whether the store still exists (GetStore, on a
+    /// store's first Write and then every few seconds; see [`FgaClient::ready`]). Each ends
+    /// within one request timeout and is told to `step` as it ends. Asked before the Write's
+    /// rows are locked and before its last look at the stream's `keep_going`, so that a Write
+    /// that passes that look leaves at once.
+    pub async fn prepare<'a>(
+        &'a self,
+        target: &'a Target,
         step: &(dyn Fn() + Sync),
-    ) -> Result<(), WriteError> {
+    ) -> Result<Prepared<'a>, WriteError> {
         // Before the Write's deadline starts: a GetStore sends nothing a fence must wait for,
         // and its token fetch must not eat into the Write's time.
         let store_id: &str = match &target.store {
             Some(id) => id,
-            None => {
-                self.within_deadline("resolving the store's name", self.request_store_id())
-                    .await??
-            }
+            None => match self.configured_store_id() {
+                Some(id) => id,
+                None => {
+                    let id = self
+                        .within_deadline("resolving the store's name", self.request_store_id())
+                        .await;
+                    step();
+                    id??
+                }
+            },
         };
-        step();
         // A GetStore that does not answer in time is no reason to hold, as one that fails is
         // not: the Write tells what it can.
-        if let Ok(exists) = tokio::time::timeout(
-            self.write_deadline,
-            self.store_still_exists(store_id, target.store.is_none()),
-        )
-        .await
-        {
-            exists?;
+        if !self.store_checked(store_id) {
+            let exists = tokio::time::timeout(
+                self.write_deadline,
+                self.store_still_exists(store_id, target.store.is_none()),
+            )
+            .await;
+            step();
+            if let Ok(exists) = exists {
+                exists?;
+            }
         }
-        step();
         let model = match &target.model {
             Some(m) => Some(&**m),
             None if target.store.is_none() => self.model_id.as_deref(),
             None => None,
         };
+        Ok(Prepared {
+            target,
+            store_id,
+            model,
+        })
+    }
+
+    /// Whether a Write to `target` can leave without asking OpenFGA anything first
+    /// ([`FgaClient::prepare`] answers at once).
+    pub fn ready(&self, target: &Target) -> bool {
+        let store_id = match &target.store {
+            Some(id) => Some(&**id),
+            None => self.configured_store_id(),
+        };
+        store_id.is_some_and(|id| self.store_checked(id))
+    }
+
+    /// Sends one Write carrying `ops` where `to` says, in steps that each end within one
+    /// request timeout and are told to `step` as they end: the Write itself (OIDC token fetch,
+    /// the request, and the retry after a 401), and what a refusal needs asked after it
+    /// (whether a store or model a row names exists). A new leader's fence counts on no Write
+    /// of an earlier leader lasting longer than its deadline; the relay's liveness, on no step
+    /// lasting longer than a request timeout. The Write's body leaves only while `window` is
+    /// open.
+    pub async fn write(
+        &self,
+        to: &Prepared<'_>,
+        ops: &[&Op],
+        window: &SendWindow,
+        step: &(dyn Fn() + Sync),
+    ) -> Result<(), WriteError> {
         let written = self
             .within_deadline(
                 "the Write (token and retry included)",
-                self.write_unbounded(store_id, model, ops, window),
+                self.write_unbounded(to.store_id, to.model, ops, window),
             )
             .await
             .and_then(|w| w);
         step();
         match written {
-            Err(e) if target.store.is_some() || target.model.is_some() => {
-                Err(self.named_target_missing(target, store_id, e).await)
+            Err(e) if to.target.store.is_some() || to.target.model.is_some() => {
+                let e = self.named_target_missing(to.target, to.store_id, e).await;
+                step();
+                Err(e)
             }
             other => other,
         }
@@ -360,4 +396,11 @@ fn describe_http_error(e: &reqwest::Error) -> String {
         return format!("{said}: {NOT_TLS}");
     }
     said
+}
+
+/// Where a Write goes, as [`FgaClient::prepare`] found it.
+pub struct Prepared<'a> {
+    target: &'a Target,
+    store_id: &'a str,
+    model: Option<&'a str>,
 }

@@ -27,7 +27,7 @@ mod tests;
 mod write_body;
 
 pub use classify::{FailureClass, WriteError, classify};
-pub use client::FgaClient;
+pub use client::{FgaClient, Prepared};
 pub use probe::{ModelRelations, NO_MODEL, Probe, StoreProbe};
 pub use read_page::{MAX_READ_PAGE, ReadPage, ReadTuple};
 pub use retry_after::parse_retry_after;

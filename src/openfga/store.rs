@@ -168,19 +168,8 @@ impl FgaClient {
         id: &str,
         configured: bool,
     ) -> Result<(), WriteError> {
-        let now = Instant::now();
-        {
-            let mut seen = self.store_seen.lock().unwrap_or_else(|e| e.into_inner());
-            if seen
-                .get(id)
-                .is_some_and(|at| now.duration_since(*at) < STORE_CHECK_EVERY)
-            {
-                return Ok(());
-            }
-            // Thousands of stores: what is stale is asked again anyway.
-            if seen.len() >= SEEN_MAX {
-                seen.retain(|_, at| now.duration_since(*at) < STORE_CHECK_EVERY);
-            }
+        if self.store_checked(id) {
+            return Ok(());
         }
         match self.get_store(id).await {
             Ok(Some(_)) => {
@@ -214,6 +203,24 @@ impl FgaClient {
             }),
             Err(PreflightError::Config(_) | PreflightError::Unavailable(_)) => Ok(()),
         }
+    }
+
+    /// Whether store `id` was found to exist within the last [`STORE_CHECK_EVERY`]: a Write to
+    /// it need not ask again.
+    pub(super) fn store_checked(&self, id: &str) -> bool {
+        let now = Instant::now();
+        let mut seen = self.store_seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen
+            .get(id)
+            .is_some_and(|at| now.duration_since(*at) < STORE_CHECK_EVERY)
+        {
+            return true;
+        }
+        // Thousands of stores: what is stale is asked again anyway.
+        if seen.len() >= SEEN_MAX {
+            seen.retain(|_, at| now.duration_since(*at) < STORE_CHECK_EVERY);
+        }
+        false
     }
 
     /// Whether OpenFGA lists a model of store `id`: OpenFGA deletes stores softly, and keeps

@@ -24,6 +24,7 @@ use crate::recurring::Recurring;
 use crate::schema::TableInfo;
 use crate::store::{Store, StoreError};
 use crate::systemd::Notifier;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
@@ -81,6 +82,10 @@ pub struct Terms {
     /// had to wait for (`not_before` of its predecessors). Retaking leadership when the record
     /// still holds that very term, the relay need wait only for that, not for its own lease.
     carry: Mutex<Option<Carry>>,
+    /// A stream of the current term was given up while its session held (see
+    /// [`Relay::guarded_stream`]): the term ends without a clean release, so that the next
+    /// leader waits for the fence the lease set, whatever became of that stream's Writes.
+    given_up: std::sync::atomic::AtomicBool,
     /// The session this process last gave up on: on the server it may still be open, holding
     /// the leadership lock, and is ended at the next connect.
     abandoned: Mutex<Option<Backend>>,
@@ -233,12 +238,17 @@ impl Relay {
             tokio::time::sleep(grace).await;
         };
         // Told to stop (a shutdown, drain's timeout), a stream ends once its Writes in flight
-        // have (each within the request timeout), and sends none after the stop (its Writes ask
-        // `keep_going` before they leave). One that has not ended a fence's time later waits on
-        // a pooled connection that stopped answering while the session's holds (a path that
-        // froze): only giving it up ends that wait, and no Write of it can still be in flight.
+        // have (each within the request timeout: a Write asks `keep_going` just before it
+        // leaves, after whatever it asks OpenFGA first), and sends none after the stop. One that
+        // has not ended a fence's time later waits on a pooled connection that stopped
+        // answering while the session's holds (a path that froze): only giving it up ends that
+        // wait. Its term then ends without a clean release all the same (`end_term`). A lost
+        // session is `given_up`'s.
         let stuck = async {
             crate::shutdown::any_cancelled(stop).await;
+            if session.is_lost() {
+                std::future::pending::<()>().await;
+            }
             tokio::time::sleep(grace).await;
         };
         tokio::select! {
@@ -255,6 +265,8 @@ impl Relay {
             _ = stuck => {
                 warn!(waited = ?grace, "delivery did not stop when told to: it waits on a \
                     database connection that stopped answering; giving it up");
+                self.terms.given_up.store(true, Ordering::Relaxed);
+                *locked(&self.terms.carry) = None;
                 self.store.pool().retain(|_, _| false);
                 None
             }
@@ -455,6 +467,7 @@ impl Relay {
     /// too, after ending the session of a leader whose Writes the fence must still cover.
     /// Returns the term, and whether the wait ended (false: stopped first).
     async fn begin_term(&self, taken: Taken, stop: &[&CancellationToken]) -> (Term, bool) {
+        self.terms.given_up.store(false, Ordering::Relaxed);
         let carried = locked(&self.terms.carry).take();
         let (inherited, wait) = match carried {
             Some(c)
@@ -492,7 +505,12 @@ impl Relay {
     /// what this term inherited.
     async fn end_term(&self, session: &Session, term: &Term) {
         *locked(&self.terms.carry) = None;
-        if let Err(e) = session.release_lead(term.inherited).await {
+        if self.terms.given_up.swap(false, Ordering::Relaxed) {
+            warn!(
+                "leadership is let go without a clean release (a stream was given up): the \
+                next leader waits for the fence"
+            );
+        } else if let Err(e) = session.release_lead(term.inherited).await {
             warn!(error = %crate::db::describe(&e), "cannot record a clean release of leadership");
         }
         self.metrics.leader.set(0);

@@ -376,6 +376,7 @@ async fn a_drain_whose_pool_freezes_for_good_mid_stream_exits_1_by_its_timeout()
         ("DATABASE_URL", url.as_str()),
         ("FGA_MAX_TUPLES_PER_WRITE", "1"),
     ]);
+    let started = Instant::now();
     let mut drain = RelayProc::spawn(drain);
     wait_for_writes(&env.fga, 2, "the drain is in the middle of its rows").await;
     assert!(proxy.freeze_named_from_now_on("fga-relay drain\0") >= 1);
@@ -384,6 +385,12 @@ async fn a_drain_whose_pool_freezes_for_good_mid_stream_exits_1_by_its_timeout()
     println!("drain exited {status} {:?} after the freeze", t0.elapsed());
     let logs = drain.logs();
     assert_eq!(status.code(), Some(1), "{status}; its log:\n{logs}");
+    // Its timeout, the fence's grace (2 s + 1 s), its last count's 5 s, and a margin.
+    assert!(
+        started.elapsed() < Duration::from_secs(8 + 3 + 5 + 6),
+        "exited {:?} after it started; its log:\n{logs}",
+        started.elapsed()
+    );
     assert!(
         logs.contains("did not stop when told to"),
         "the stream was not given up; its log:\n{logs}"

@@ -177,6 +177,54 @@ async fn a_main_loop_stuck_on_a_frozen_connection_is_not_live() {
     assert_eq!(late, 0, "the watchdog was fed while /livez said 503");
 }
 
+/// A Write whose answer came but whose mark waits on a pooled connection that froze, while the
+/// LISTEN connection holds and the main loop turns: `/livez` turns 503 a liveness timeout after
+/// that answer (with a margin for the probe), not up to twice that. A Write in flight keeps the
+/// relay live only as of its last step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stuck_after_its_answer_is_found_stuck_a_liveness_timeout_later() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = tcp_url(proxy.port());
+    let (relay, base) = env
+        .spawn_relay_with_endpoint(&[
+            ("DATABASE_URL", url.as_str()),
+            ("FGA_RELAY_LIVENESS_TIMEOUT", LIVENESS_TIMEOUT),
+        ])
+        .await;
+    relay.wait_for_log("delivering (leader)").await;
+    let delay = Duration::from_secs(1);
+    env.fga.push_fault(FaultRule::once(Fault::Delay(delay)));
+    let id = env
+        .insert(writes(&[tk("user:held", "viewer", "document:3")]))
+        .await;
+    wait_until(PROMPTLY, "the Write reached OpenFGA's proxy", || async {
+        !env.fga.write_heads().is_empty()
+    })
+    .await;
+    // The pool's connections, the Write's among them (it holds its rows' locks): its mark,
+    // after OpenFGA's answer a second from now, waits for ever.
+    assert!(
+        proxy.freeze_named("fga-relay run\0") >= 1,
+        "a pooled connection"
+    );
+    let answered = env.fga.write_heads()[0].0 + delay;
+    wait_until(LIVENESS * 3, "livez says 503", || async {
+        get(&format!("{base}/livez")).await.0 == 503
+    })
+    .await;
+    let found = answered.elapsed();
+    println!("found stuck {found:?} after the Write's answer");
+    assert!(
+        found < LIVENESS + Duration::from_secs(2),
+        "found stuck {found:?} after the Write's answer, with a liveness timeout of {LIVENESS:?}; \
+         relay log:\n{}",
+        relay.logs()
+    );
+    assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
+    assert!(!env.row(id).await.delivered);
+}
+
 /// A liveness timeout shorter than a step the relay takes by design is refused at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_liveness_timeout_below_the_longest_step_exits_2() {

@@ -1,11 +1,12 @@
 //! Signals: SIGHUP rereads the settings' files and never kills the relay; a second SIGTERM during
 //! the drain exits at once.
 
-use crate::common::fga::{Fault, FaultRule, Fga};
+use crate::common::fga::{Fault, FaultRule, Fga, Route};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{Env, RelayProc, accepted_writes, tk, wait_until, writes};
 use crate::libpq::{PASSWORD, password_checked, percent_encode, write_private};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A file of the test's own, mode 0600, in a directory named for the test.
 fn secret_file(test: &str, name: &str, contents: &str) -> String {
@@ -223,4 +224,42 @@ async fn a_second_sigterm_during_the_drain_exits_at_once() {
     assert!(!env.row(id).await.delivered);
     // Not a timing: the Write was still in flight (20 s) when the relay exited.
     assert!(!relay.logs().contains("relay stopped"), "{}", relay.logs());
+}
+
+/// SIGTERM while a Write waits for OpenFGA to say whether its store exists (the first Write to a
+/// store asks GetStore first, slowed to 1.5 s here): no Write leaves after the signal. What a
+/// Write asks OpenFGA before it goes is asked before its last look at whether to go on, so the
+/// look that follows the answer says stop; the relay exits 0 with the row pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_write_asks_whether_its_store_exists_sends_no_write_after_it() {
+    let env = Env::start().await;
+    let mut relay = env.start_relay().await;
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(Duration::from_millis(1500))).on_get_store());
+    let id = env
+        .insert(writes(&[tk("user:t", "viewer", "document:t")]))
+        .await;
+    wait_until(
+        PROMPTLY,
+        "the Write's GetStore waits at the proxy",
+        || async { env.fga.requests_of(Route::GetStore).contains(&0) },
+    )
+    .await;
+    relay.term();
+    let signalled = Instant::now();
+    let status = relay.wait_exit(PROMPTLY).await;
+    assert!(status.success(), "{status}; its log:\n{}", relay.logs());
+    let after: Vec<_> = env
+        .fga
+        .write_heads()
+        .into_iter()
+        .filter(|(at, _)| *at > signalled)
+        .collect();
+    assert!(
+        after.is_empty(),
+        "{} Write(s) left after SIGTERM; relay log:\n{}",
+        after.len(),
+        relay.logs()
+    );
+    assert!(!env.row(id).await.delivered);
 }

@@ -41,7 +41,7 @@ impl FaultRule {
     }
 
     /// For GetStore requests instead of Writes: the relay asks whether a store still exists
-    /// before it writes to it (the first Write, then every minute).
+    /// before it writes to it (the first Write, then every 10 s).
     pub fn on_get_store(mut self) -> Self {
         self.route = Route::GetStore;
         self

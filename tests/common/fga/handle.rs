@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 
 use super::api::{Api, Refused};
-use super::faults::{FaultRule, Latency, RandomFaults};
+use super::faults::{FaultRule, Latency, RandomFaults, Route};
 use super::model::Model;
 use super::openfga::{Flavour, LEGACY, MODERN};
 use super::proxy::{BearerCheck, Proxy};
@@ -358,7 +358,20 @@ impl Fga {
     /// arrival order; 0 while unanswered.
     #[allow(dead_code)] // used by some test binaries only
     pub fn list_stores(&self) -> Vec<u16> {
-        self.proxy.state().list_stores.clone()
+        self.requests_of(Route::ListStores)
+    }
+
+    /// The status answered to each request of `route` (not Writes: see [`Fga::writes`]), in
+    /// arrival order; 0 while unanswered.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn requests_of(&self, route: Route) -> Vec<u16> {
+        self.proxy
+            .state()
+            .others
+            .iter()
+            .filter(|(r, _)| *r == route)
+            .map(|(_, status)| *status)
+            .collect()
     }
 
     pub fn push_fault(&self, rule: FaultRule) {

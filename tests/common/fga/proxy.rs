@@ -45,9 +45,10 @@ pub(super) struct ProxyState {
     /// Every request but `/healthz` hangs, never answered: OpenFGA (and whatever is in front of
     /// it) hung as a whole, its store lookups and reads as well as its Writes.
     pub(super) hanging: bool,
-    /// The status answered to each ListStores request, in arrival order; 0 while unanswered,
-    /// and for `Hang` and `CloseConnection`.
-    pub(super) list_stores: Vec<u16>,
+    /// Each request of a route other than Write's (ListStores, GetStore, Read), in arrival
+    /// order, with the status answered: 0 while unanswered, and for `Hang` and
+    /// `CloseConnection`.
+    pub(super) others: Vec<(Route, u16)>,
 }
 
 impl Proxy {
@@ -203,8 +204,7 @@ impl Proxy {
             .unwrap_or_else(|_| Reply::error(500, "internal_error", "Internal Server Error"))
     }
 
-    /// A request of a route other than Write's, faulted or passed on; a ListStores request's
-    /// answer is recorded.
+    /// A request of a route other than Write's, recorded with its answer, faulted or passed on.
     async fn other(
         &self,
         route: Route,
@@ -214,11 +214,11 @@ impl Proxy {
         body: Bytes,
         conn: &ConnCtl,
     ) -> Reply {
-        let index = (route == Route::ListStores).then(|| {
+        let index = {
             let mut state = self.state();
-            state.list_stores.push(0);
-            state.list_stores.len() - 1
-        });
+            state.others.push((route, 0));
+            state.others.len() - 1
+        };
         let reply = match faulted(self.take_fault(route, store_of(path), &[]), conn).await {
             Faulted::Answer(reply) => reply,
             Faulted::Forward { delay, instead } => {
@@ -229,9 +229,7 @@ impl Proxy {
                 instead.map_or(reply, Reply::fault)
             }
         };
-        if let Some(i) = index
-            && let Some(status) = self.state().list_stores.get_mut(i)
-        {
+        if let Some((_, status)) = self.state().others.get_mut(index) {
             *status = reply.status;
         }
         reply
