@@ -211,19 +211,16 @@ impl Store {
     }
 
     /// Reads the lowest pending rows not among `held` (the ids the relay holds), leaving out the
-    /// rows of the stores `closed` names (`""`: the rows naming none), nothing locked. It walks
-    /// only the ids of the ranges `(lo, hi)` (the lowest and highest of each): every id not in
-    /// `held` must be in one of them.
+    /// rows of the stores `closed` names (`""`: the rows naming none), nothing locked.
     pub async fn claim(
         &self,
         tx: &impl GenericClient,
         held: &[i64],
         closed: &[&str],
         limit: i64,
-        (lo, hi): (&[i64], &[i64]),
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim).await?;
-        Self::claimed(tx.query(&stmt, &[&held, &closed, &limit, &lo, &hi]).await?)
+        Self::claimed(tx.query(&stmt, &[&held, &closed, &limit]).await?)
     }
 
     /// Reads ahead the lowest pending rows of `store` (a store rows name) not among `held`

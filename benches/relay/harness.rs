@@ -315,16 +315,13 @@ impl Bench {
         self.admin
             .batch_execute(&format!(
                 "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; \
-                 SET LOCAL enable_seqscan = off; PREPARE bench_claim(bigint[], text[], bigint, bigint[], bigint[]) AS {body}"
+                 SET LOCAL enable_seqscan = off; PREPARE bench_claim(bigint[], text[], bigint) AS {body}"
             ))
             .await?;
         let rows = self
             .admin
             .simple_query(&format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim('{{}}', '{{}}', {BATCH}, \
-                 '{{{}}}', '{{{}}}')",
-                i64::MIN,
-                i64::MAX
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim('{{}}', '{{}}', {BATCH})"
             ))
             .await;
         let cleanup = self.admin.batch_execute("ROLLBACK; DEALLOCATE ALL").await;

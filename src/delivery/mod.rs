@@ -39,7 +39,6 @@ mod model;
 mod order;
 mod read;
 mod turn;
-mod walk;
 mod write;
 
 use core::{Core, Flight};

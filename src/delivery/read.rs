@@ -94,12 +94,7 @@ impl Deliverer {
         let mut open = locked.is_some();
         let rows = match locked {
             Some(rows) => rows,
-            None => {
-                let (lo, hi) = super::walk::ranges(&hand);
-                self.store
-                    .claim(conn, &hand, &closed, limit as i64, (&lo, &hi))
-                    .await?
-            }
+            None => self.store.claim(conn, &hand, &closed, limit as i64).await?,
         };
         let n = rows.len();
         let (ids, stopped) = self.queue_rows(conn, rows, &mut open).await?;
