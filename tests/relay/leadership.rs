@@ -396,6 +396,23 @@ async fn a_drain_whose_pool_freezes_for_good_mid_stream_exits_1_by_its_timeout()
         "the stream was not given up; its log:\n{logs}"
     );
     assert!(env.pending().await > 0);
+    // A given-up stream's term ends without a clean release: the next leader waits for the
+    // fence its renewals set, whatever became of the given-up stream's Writes.
+    let (released, fenced): (bool, bool) = {
+        let r = client
+            .query_one(
+                "SELECT released_at IS NOT NULL, not_before > clock_timestamp() \
+                 FROM fga_outbox_leader",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(
+        !released && fenced,
+        "released {released}, the next leader fenced {fenced}; its log:\n{logs}"
+    );
 }
 
 /// A leader stopped with SIGSTOP (its kernel keeps the TCP sessions, so PostgreSQL sees nothing
