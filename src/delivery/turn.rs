@@ -256,8 +256,11 @@ impl Deliverer {
             let idle = turn.launching && !turn.listening && !self.want_read && room;
             if idle && self.rapid {
                 // Rows come faster than one a poll: read again after one, rather than take the
-                // wake lock and have every writer notify. Ten polls that find none end this.
-                turn.poll_at = Some(Instant::now() + poll(self.core.settings.linger));
+                // wake lock and have every writer notify. Ten polls that find none end this. A
+                // poll already due stays due: the turns between (a Write answered, its question)
+                // must not put it off, or at a Write a millisecond it would never come.
+                turn.poll_at
+                    .get_or_insert_with(|| Instant::now() + poll(self.core.settings.linger));
             } else if idle && turn.listen_at.is_none_or(|t| t <= Instant::now()) {
                 match bell.listen().await {
                     Ok(true) => {
