@@ -82,7 +82,8 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 /// - `idle_in_transaction_session_timeout`: each Write's transaction holds its rows' locks while
 ///   the Write is in flight, so a server-wide limit meant for applications (say 1 s) would end it
 ///   before a slow OpenFGA answers, and the Write would be sent again forever. The relay sets its
-///   own: long enough for one Write call (see [`claim_idle_limit`]), short enough that the locks
+///   own: long enough for a Write and the one request after it (see [`claim_idle_limit`]),
+///   short enough that the locks
 ///   of a relay that stopped or was cut off are freed by the server.
 ///   0 (none) for the commands that do not deliver.
 /// - `enable_seqscan = off` (delivering sessions): every statement they run finds its rows

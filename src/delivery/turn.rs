@@ -144,6 +144,8 @@ impl Deliverer {
         } else {
             batch
         };
+        // This read is the poll's too, if one was due.
+        turn.poll_at = None;
         match self.read_page(limit, lock).await {
             Ok(n) => {
                 if std::mem::take(&mut turn.swept) {

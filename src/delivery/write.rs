@@ -54,13 +54,15 @@ impl Gate {
 
 /// How a Write ended.
 pub(super) enum Answer {
-    /// Not sent: OpenFGA asked for a pause meanwhile, or the stream was told to stop (shutdown,
-    /// leadership lost) while the rows were being locked. The rows go back to the queue.
+    /// Not sent: OpenFGA asked for a pause meanwhile, the stream was told to stop (shutdown,
+    /// leadership lost) while the rows were being locked, or the lease ran out while a question
+    /// before the Write failed. The rows go back to the queue.
     Deferred,
     /// These rows are held by another session, or changed since they were read: nothing was
     /// sent.
     Held(Vec<i64>),
-    /// OpenFGA's answer; on success the rows are marked delivered already.
+    /// OpenFGA's answer; on success the rows are marked delivered already. Also what OpenFGA
+    /// answered a question asked before the Write (its store missing), when nothing was sent.
     Sent(Result<(), WriteError>),
 }
 
@@ -144,9 +146,18 @@ impl Flight {
         let to = match client.prepare(target, &step).await {
             Ok(to) => to,
             Err(e) => {
-                if let Some(tx) = locked {
-                    tx.rollback().await?;
-                }
+                // Judged on the rows as they are: the lock finds those gone, changed or held
+                // by another session since they were read (looked at again, as for a Write),
+                // so that an operator's fix (a row corrected or dead-lettered by hand while
+                // its store is missing) is seen.
+                let tx = match locked {
+                    Some(tx) => tx,
+                    None => match self.lock(crew).await? {
+                        Ok(tx) => tx,
+                        Err(answer) => return Ok(answer),
+                    },
+                };
+                tx.rollback().await?;
                 // Nothing was sent: with the lease run out meanwhile, nothing to hold against
                 // the rows either.
                 if !window.is_open() {

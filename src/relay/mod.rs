@@ -213,7 +213,8 @@ impl Relay {
     /// stream does not end within one Write's deadline of that (its connections are frozen): its
     /// Writes may then still be in flight, so retaking leadership waits for this process's own
     /// lease too, and the pool's connections, which may be stuck the same way, are made anew.
-    /// None when given up.
+    /// Also given up if it was told to stop and has not ended a fence and a request timeout
+    /// later (a pooled connection froze while the session holds). None when given up.
     async fn guarded_stream(
         &self,
         deliverer: &mut Deliverer,
@@ -238,18 +239,21 @@ impl Relay {
             tokio::time::sleep(grace).await;
         };
         // Told to stop (a shutdown, drain's timeout), a stream ends once its Writes in flight
-        // have (each within the request timeout: a Write asks `keep_going` just before it
-        // leaves, after whatever it asks OpenFGA first), and sends none after the stop. One that
-        // has not ended a fence's time later waits on a pooled connection that stopped
-        // answering while the session's holds (a path that froze): only giving it up ends that
-        // wait. Its term then ends without a clean release all the same (`end_term`). A lost
-        // session is `given_up`'s.
+        // have (a Write asks `keep_going` just before it leaves, after whatever it asks OpenFGA
+        // first, and ends within the request timeout, or two with the read-back an OpenFGA
+        // before 1.10 needs), and sends none after the stop. One that has not ended a fence and
+        // a request timeout later waits on a pooled connection that stopped answering while
+        // the session's holds (a path that froze): only giving it up ends that wait. Its term
+        // then ends without a clean release all the same (`end_term`): what became of the
+        // Write whose connection froze is not known. A session lost when the stop came is
+        // `given_up`'s.
+        let stuck_after = grace + self.fga.request_timeout;
         let stuck = async {
             crate::shutdown::any_cancelled(stop).await;
             if session.is_lost() {
                 std::future::pending::<()>().await;
             }
-            tokio::time::sleep(grace).await;
+            tokio::time::sleep(stuck_after).await;
         };
         tokio::select! {
             r = stream => Some(r),
@@ -263,7 +267,7 @@ impl Relay {
                 None
             }
             _ = stuck => {
-                warn!(waited = ?grace, "delivery did not stop when told to: it waits on a \
+                warn!(waited = ?stuck_after, "delivery did not stop when told to: it waits on a \
                     database connection that stopped answering; giving it up");
                 self.terms.given_up.store(true, Ordering::Relaxed);
                 *locked(&self.terms.carry) = None;

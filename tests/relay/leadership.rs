@@ -357,7 +357,8 @@ async fn a_drain_whose_new_session_never_opens_exits_1_by_its_timeout() {
 /// `fga-relay drain --timeout 8s` whose pooled connections freeze for good in the middle of its
 /// rows (new ones too: their TCP connect succeeds, nothing after it passes), while its LISTEN
 /// connection stays healthy, so that its session is never lost. Its stream waits on a frozen
-/// connection; told to stop at the timeout, it is given up a fence later (2 s + 1 s), and the
+/// connection; told to stop at the timeout, it is given up twice the request timeout and 1 s
+/// later (5 s), and the
 /// drain exits 1 by its timeout, its last count's grace and a margin. Without that bound it waits
 /// on the frozen connection for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,7 +386,7 @@ async fn a_drain_whose_pool_freezes_for_good_mid_stream_exits_1_by_its_timeout()
     println!("drain exited {status} {:?} after the freeze", t0.elapsed());
     let logs = drain.logs();
     assert_eq!(status.code(), Some(1), "{status}; its log:\n{logs}");
-    // Its timeout, the fence's grace (2 s + 1 s), its last count's 5 s, and a margin.
+    // Its timeout, the give-up's 5 s, its last count's 5 s, and a margin.
     assert!(
         started.elapsed() < Duration::from_secs(8 + 3 + 5 + 6),
         "exited {:?} after it started; its log:\n{logs}",
