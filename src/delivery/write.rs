@@ -21,7 +21,7 @@ use super::core::Flight;
 use super::order::Plan;
 use crate::liveness::Stamp;
 use crate::metrics::Metrics;
-use crate::openfga::{FgaClient, Target, WriteError};
+use crate::openfga::{FgaClient, Prepared, Target, WriteError};
 use crate::payload::{Condition, Op, same_condition};
 use crate::send_window::SendWindow;
 use crate::store::{Store, StoreError};
@@ -116,65 +116,14 @@ impl Flight {
         crew: &Crew,
         locked: Option<WriteTx>,
     ) -> Result<Answer, StoreError> {
-        let Crew {
-            store,
-            client,
-            metrics,
-            progress,
-            ask,
-            window,
-        } = crew;
-        let gate = &self.gate;
-        let target = &self.plan.target;
         // Each request's answer (or its timeout) is a step of the stream's: a Write waiting on a
         // slow OpenFGA is not a stuck stream, and no step takes longer than a request timeout.
-        let step = || progress.mark();
-        // What OpenFGA is asked before the Write goes first, before its rows are locked: a
-        // Write that passes the last look at `keep_going` then leaves at once (see
-        // `Relay::guarded_stream`), and no transaction stays open across those questions. Rows
-        // read locked wait for no question: their transaction is let go if there are some.
-        let locked = match locked {
-            Some(tx) if !client.ready(target) => {
-                tx.rollback().await?;
-                None
-            }
-            locked => locked,
+        let step = || crew.progress.mark();
+        let (to, tx) = match self.prepare_and_lock(crew, locked, &step).await? {
+            Ok(ready) => ready,
+            Err(answer) => return Ok(answer),
         };
-        if locked.is_none() && gate.is_closed() {
-            return Ok(Answer::Deferred);
-        }
-        let to = match client.prepare(target, &step).await {
-            Ok(to) => to,
-            Err(e) => {
-                // Judged on the rows as they are: the lock finds those gone, changed or held
-                // by another session since they were read (looked at again, as for a Write),
-                // so that an operator's fix (a row corrected or dead-lettered by hand while
-                // its store is missing) is seen.
-                let tx = match locked {
-                    Some(tx) => tx,
-                    None => match self.lock(crew).await? {
-                        Ok(tx) => tx,
-                        Err(answer) => return Ok(answer),
-                    },
-                };
-                tx.rollback().await?;
-                // Nothing was sent: with the lease run out meanwhile, nothing to hold against
-                // the rows either.
-                if !window.is_open() {
-                    return Ok(Answer::Deferred);
-                }
-                return Ok(Answer::Sent(Err(e)));
-            }
-        };
-        let tx = match locked {
-            Some(tx) => tx,
-            None if gate.is_closed() => return Ok(Answer::Deferred),
-            None => match self.lock(crew).await? {
-                Ok(tx) => tx,
-                Err(answer) => return Ok(answer),
-            },
-        };
-        if gate.is_closed() {
+        if self.gate.is_closed() {
             tx.rollback().await?;
             return Ok(Answer::Deferred);
         }
@@ -182,32 +131,13 @@ impl Flight {
         // the lock took a round trip since the Write was planned. The lease is asked once more
         // by the Write's body, as the connection writes it (see `send_window`).
         let (reply, answer) = oneshot::channel();
-        if ask.send(reply).is_err() || !answer.await.unwrap_or(false) {
+        if crew.ask.send(reply).is_err() || !answer.await.unwrap_or(false) {
             tx.rollback().await?;
             return Ok(Answer::Deferred);
         }
-        let ops = self.plan.ops();
-        let started = Instant::now();
-        let result = match client.write(&to, &ops, window, &step).await {
-            Err(WriteError::AlreadyApplied { op, message }) => client
-                .within_deadline(
-                    "reading the tuple back after \"already exists\"",
-                    confirm_applied(client, target, &ops, op, message),
-                )
-                .await
-                .and_then(|r| r),
-            r => r,
-        };
-        let sent = !matches!(result, Err(WriteError::NotSent));
-        if sent {
-            let outcome = match &result {
-                Ok(()) => "ok",
-                Err(e) => e.class().as_str(),
-            };
-            metrics.request(outcome, started.elapsed().as_secs_f64());
-            metrics.writes_sent.inc();
-        }
-        if !sent || (result.is_err() && !window.is_open()) {
+        let result = self.exchange(crew, &to, &step).await;
+        if matches!(result, Err(WriteError::NotSent)) || (result.is_err() && !crew.window.is_open())
+        {
             // Not sent, or the lease ran out meanwhile: whatever became of the Write, the next
             // leader sends its rows again after the fence. Nothing to hold against them.
             tx.rollback().await?;
@@ -216,30 +146,123 @@ impl Flight {
         if let Err(e) = &result
             && let Some(wait) = e.retry_after()
         {
-            gate.close_until(Instant::now() + wait);
+            self.gate.close_until(Instant::now() + wait);
         }
-        // Rows this answer finishes: on success, those whose every operation it applied; on an
-        // older OpenFGA's "already exists"/"does not exist", the row whose last operation it was.
-        // Marked here, under the Write's lock and before anything releases their tuples: a
-        // row finished without a mark of its own would be sent again, after later rows on them.
-        let finished = match &result {
+        self.mark_answered(&crew.store, tx, &result).await?;
+        Ok(Answer::Sent(result))
+    }
+
+    /// Asks OpenFGA what the Write needs first (see [`FgaClient::prepare`]), then locks its
+    /// rows: before the lock, so that a Write that passes the last look at `keep_going` then
+    /// leaves at once (see `Relay::guarded_stream`), and no transaction stays open across those
+    /// questions. Rows read locked wait for no question: their transaction is let go if there
+    /// are some. Says why the Write does not go otherwise.
+    async fn prepare_and_lock<'a>(
+        &'a self,
+        crew: &'a Crew,
+        locked: Option<WriteTx>,
+        step: &(dyn Fn() + Sync),
+    ) -> Result<Result<(Prepared<'a>, WriteTx), Answer>, StoreError> {
+        let target = &self.plan.target;
+        let locked = match locked {
+            Some(tx) if !crew.client.ready(target) => {
+                tx.rollback().await?;
+                None
+            }
+            locked => locked,
+        };
+        if locked.is_none() && self.gate.is_closed() {
+            return Ok(Err(Answer::Deferred));
+        }
+        let prepared = crew.client.prepare(target, step).await;
+        // Locked even when a question failed: the Write is then judged on the rows as they
+        // are, and the lock finds those gone, changed or held by another session since they
+        // were read (looked at again, as for a Write), so that an operator's fix (a row
+        // corrected or dead-lettered by hand while its store is missing) is seen.
+        let tx = match locked {
+            Some(tx) => tx,
+            None => match self.lock(crew).await? {
+                Ok(tx) => tx,
+                Err(answer) => return Ok(Err(answer)),
+            },
+        };
+        match prepared {
+            Ok(to) => Ok(Ok((to, tx))),
+            Err(e) => {
+                tx.rollback().await?;
+                // Nothing was sent: with the lease run out meanwhile, nothing to hold against
+                // the rows either.
+                Ok(Err(if crew.window.is_open() {
+                    Answer::Sent(Err(e))
+                } else {
+                    Answer::Deferred
+                }))
+            }
+        }
+    }
+
+    /// Sends the Write (and reads the tuple back after an older OpenFGA's "already exists"),
+    /// counting what was sent.
+    async fn exchange(
+        &self,
+        crew: &Crew,
+        to: &Prepared<'_>,
+        step: &(dyn Fn() + Sync),
+    ) -> Result<(), WriteError> {
+        let client = &crew.client;
+        let ops = self.plan.ops();
+        let started = Instant::now();
+        let result = match client.write(to, &ops, &crew.window, step).await {
+            Err(WriteError::AlreadyApplied { op, message }) => client
+                .within_deadline(
+                    "reading the tuple back after \"already exists\"",
+                    confirm_applied(client, &self.plan.target, &ops, op, message),
+                )
+                .await
+                .and_then(|r| r),
+            r => r,
+        };
+        if !matches!(result, Err(WriteError::NotSent)) {
+            let outcome = match &result {
+                Ok(()) => "ok",
+                Err(e) => e.class().as_str(),
+            };
+            crew.metrics
+                .request(outcome, started.elapsed().as_secs_f64());
+            crew.metrics.writes_sent.inc();
+        }
+        result
+    }
+
+    /// Marks the rows `result` finishes and commits, or rolls back when it finishes none: on
+    /// success, the rows whose every operation it applied; on an older OpenFGA's "already
+    /// exists"/"does not exist", the row whose last operation it was. Marked here, under the
+    /// Write's lock and before anything releases their tuples: a row finished without a mark of
+    /// its own would be sent again, after later rows on them.
+    async fn mark_answered(
+        &self,
+        store: &Store,
+        tx: WriteTx,
+        result: &Result<(), WriteError>,
+    ) -> Result<(), StoreError> {
+        let finished = match result {
             Ok(()) => self.complete.clone(),
             Err(e) => self.finished_by(e).into_iter().collect(),
         };
-        if !finished.is_empty() {
-            // A failed UPDATE turns the COMMIT into a rollback; the rows are sent again.
-            let conn = tx.conn();
-            let mark = store.mark_statement(conn).await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&finished];
-            let (marked, committed) =
-                tokio::join!(conn.execute(&mark, &params), conn.batch_execute("COMMIT"));
-            marked?;
-            committed?;
-            tx.finish();
-        } else {
+        if finished.is_empty() {
             tx.rollback().await?;
+            return Ok(());
         }
-        Ok(Answer::Sent(result))
+        // A failed UPDATE turns the COMMIT into a rollback; the rows are sent again.
+        let conn = tx.conn();
+        let mark = store.mark_statement(conn).await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&finished];
+        let (marked, committed) =
+            tokio::join!(conn.execute(&mark, &params), conn.batch_execute("COMMIT"));
+        marked?;
+        committed?;
+        tx.finish();
+        Ok(())
     }
 }
 
