@@ -241,14 +241,11 @@ impl Deliverer {
         }
     }
 
-    /// Waits for the next thing to happen: a Write's answer or its question, a notification
-    /// or sweep, a row or store coming due, a put-off read, a stop. Before waiting with nothing
-    /// to read and room in the window, the stream takes the wake lock (writers notify from then
-    /// on) and reads once more: a writer that skipped NOTIFY has committed by then.
-    pub(super) async fn wait(&mut self, turn: &mut Turn<'_>, controls: &Controls<'_>) {
-        if !turn.launching && turn.flights.is_empty() {
-            return;
-        }
+    /// Before a wait with nothing to read and room in the window: takes the wake lock, so that
+    /// writers notify (or, while rows come fast, arms the next poll instead); lets it go while
+    /// busy. Returns false when the stream is not to wait now (it took the lock and reads once
+    /// more: a writer that skipped NOTIFY has committed by then; or it failed).
+    async fn listen_or_poll(&mut self, turn: &mut Turn<'_>, controls: &Controls<'_>) -> bool {
         let room = turn.flights.len() < self.core.window();
         if let Mode::Forever { bell, .. } = &controls.mode {
             if turn.listening && (self.want_read || !room || self.rapid) {
@@ -270,7 +267,7 @@ impl Deliverer {
                         turn.spins = 0;
                         turn.listen_at = None;
                         self.want_read = true;
-                        return;
+                        return false;
                     }
                     Ok(false) => {
                         turn.spins += 1;
@@ -278,10 +275,24 @@ impl Deliverer {
                     }
                     Err(e) => {
                         turn.fail(e.into());
-                        return;
+                        return false;
                     }
                 }
             }
+        }
+        true
+    }
+
+    /// Waits for the next thing to happen: a Write's answer or its question, a notification
+    /// or sweep, a row or store coming due, a put-off read, a stop. Before waiting with nothing
+    /// to read and room in the window, the stream takes the wake lock (writers notify from then
+    /// on) and reads once more: a writer that skipped NOTIFY has committed by then.
+    pub(super) async fn wait(&mut self, turn: &mut Turn<'_>, controls: &Controls<'_>) {
+        if !turn.launching && turn.flights.is_empty() {
+            return;
+        }
+        if !self.listen_or_poll(turn, controls).await {
+            return;
         }
         let due = [
             self.core.due,
