@@ -257,25 +257,15 @@ impl Store {
         }
     }
 
-    /// What has become of rows a Write could not lock: those still pending, with their payloads
-    /// as they are now (refresh.sql).
+    /// What has become of rows a Write could not lock, or that could not be decoded: those
+    /// still pending, as they are now (refresh.sql).
     pub async fn refresh(
         &self,
         tx: &impl GenericClient,
         ids: &[i64],
-    ) -> Result<Vec<(i64, Result<String, String>)>, tokio_postgres::Error> {
+    ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.refresh).await?;
-        tx.query(&stmt, &[&ids])
-            .await?
-            .into_iter()
-            .map(|r| {
-                Ok((
-                    r.try_get(0)?,
-                    r.try_get::<_, String>(1)
-                        .map_err(|e| format!("the payload cannot be read: {e}")),
-                ))
-            })
-            .collect()
+        Self::claimed(tx.query(&stmt, &[&ids]).await?)
     }
 
     /// Opens a transaction on `conn` and runs `stmt` in it, in one round trip: tokio-postgres

@@ -34,11 +34,12 @@
 //! Every failed attempt updates `attempts` and `last_error` of the rows concerned.
 
 use super::core::{Core, Effects, Flight};
-use super::order::{Candidate, Plan, key_hash};
+use super::order::{Candidate, Plan};
 use crate::backoff::Backoff;
-use crate::openfga::{FailureClass, WriteError};
+use crate::openfga::{FailureClass, Target, WriteError};
 use crate::payload::Payload;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
@@ -122,17 +123,23 @@ impl Core {
     /// Rows a Write could not lock, as they are now (`now_rows`: those still pending, with
     /// their payloads): another session holds them (a relay that lost leadership but has not
     /// stopped yet, a drain), or they changed or went since they were read. A row gone
-    /// (delivered or dead-lettered by that session) leaves the queue; a row changed is queued as
-    /// it is now, in its place; a row as it was is held back briefly. Until then each keeps its
-    /// tuples: nothing after it on them goes.
+    /// (delivered or dead-lettered by that session) leaves the queue; a row as it was is held
+    /// back briefly, and keeps its tuples: nothing after it on them goes.
+    ///
+    /// A row changed is looked at again at once, as a read would see it
+    /// ([`super::Deliverer::recheck_bars`]): the store and model it names now, its operations
+    /// now (none of what was learnt of the old ones carries over: operations applied, a retried
+    /// row's superseded ones), or dead-lettered if it cannot be decoded. Until then it bars the
+    /// later rows of the store it names now (`configured`: the configured store's id, for a row
+    /// naming it; while that is not known, of the store it named).
     pub(super) fn refreshed(
         &mut self,
         plan: Plan,
         missing: &[i64],
         now_rows: &HashMap<i64, Result<String, String>>,
+        configured: Option<&str>,
         now: Instant,
-    ) -> Effects {
-        let mut fx = Effects::default();
+    ) {
         let mut rest = Vec::new();
         for mut c in plan.into_rows() {
             if !missing.contains(&c.id) {
@@ -147,26 +154,22 @@ impl Core {
                     );
                     self.memo.remove(&c.id);
                 }
-                Some(Ok(text)) if **text != *c.text => match Payload::parse_text(text) {
-                    Ok(p) => {
-                        debug!(
-                            id = c.id,
-                            "row changed since it was read; queued as it is now"
-                        );
-                        c.hashes = p
-                            .ops
-                            .iter()
-                            .map(|op| key_hash(c.target.store_key(), op.key()))
-                            .collect();
-                        c.ops = p.ops;
-                        c.text = text.as_str().into();
-                        rest.push(c);
+                Some(Ok(text)) if **text != *c.text => {
+                    debug!(id = c.id, "row changed since it was read; read again");
+                    if let Ok(p) = Payload::parse_text(text)
+                        && let Some(configured) = configured.or(p.store.is_none().then_some(""))
+                    {
+                        c.target = Target::of(p.store.as_ref(), p.model.as_ref(), configured);
                     }
-                    Err(e) => {
-                        c.text = text.as_str().into();
-                        fx.give_up.push((c, e.to_string()));
-                    }
-                },
+                    c.ops = Arc::from(Vec::new());
+                    c.hashes = Vec::new();
+                    c.text = text.as_str().into();
+                    c.malformed = true;
+                    self.memo.remove(&c.id);
+                    self.bars += 1;
+                    self.due_at(now);
+                    rest.push(c);
+                }
                 Some(_) => {
                     self.report.locked += 1;
                     self.hold_back(c.id, now);
@@ -175,7 +178,6 @@ impl Core {
             }
         }
         self.requeue(rest);
-        fx
     }
 
     fn on_success(&mut self, plan: Plan, now: Instant) {

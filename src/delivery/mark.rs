@@ -43,9 +43,12 @@ impl Deliverer {
                     .refresh(&conn, &missing)
                     .await?
                     .into_iter()
+                    .map(|r| (r.id, r.payload))
                     .collect();
+                let configured = self.client.configured_store_id();
                 self.core
-                    .refreshed(flight.plan, &missing, &now_rows, Instant::now())
+                    .refreshed(flight.plan, &missing, &now_rows, configured, Instant::now());
+                return Ok(());
             }
             Answer::Sent(result) => self.core.judge(flight, result, Instant::now()),
         };

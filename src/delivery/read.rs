@@ -256,10 +256,11 @@ impl Deliverer {
         Ok(())
     }
 
-    /// Looks again at the rows that bar their store (undecodable, held by another session) whose
-    /// wait is over: gone (dead-lettered or delivered by that session) they leave the queue;
-    /// corrected, they are queued as they are now, in their place; still undecodable, they are
-    /// dead-lettered, or wait again.
+    /// Looks again at the rows that bar their store (undecodable, held by another session, or
+    /// changed since they were read) whose wait is over: gone (dead-lettered or delivered by
+    /// that session) they leave the queue; decodable, they are queued as they are now, in their
+    /// place, as a read would queue them (a retried row's superseded operations looked for
+    /// again); still undecodable, they are dead-lettered, or wait again.
     pub(super) async fn recheck_bars(&mut self) -> Result<(), StoreError> {
         if self.core.bars == 0 {
             return Ok(());
@@ -283,23 +284,21 @@ impl Deliverer {
             return Ok(());
         }
         let conn = self.store.pool().get().await?;
-        let rows: HashMap<i64, Result<String, String>> =
-            self.store.refresh(&conn, &due).await?.into_iter().collect();
+        let mut rows: HashMap<i64, ClaimedRow> = self
+            .store
+            .refresh(&conn, &due)
+            .await?
+            .into_iter()
+            .map(|r| (r.id, r))
+            .collect();
         for id in due {
             let Some(old) = self.core.queue.remove(&id) else {
                 continue;
             };
             self.core.bars = self.core.bars.saturating_sub(1);
             self.core.memo.remove(&id);
-            let Some(payload) = rows.get(&id) else {
+            let Some(row) = rows.remove(&id) else {
                 continue;
-            };
-            let row = ClaimedRow {
-                id,
-                payload: payload.clone(),
-                created_at: old.created_at,
-                attempts: 0,
-                retried: None,
             };
             if let Err(Unqueued::Unresolved) = self.queue_row(&conn, row, &mut false).await? {
                 // Its store cannot be told yet: it keeps barring what it barred.

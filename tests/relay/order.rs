@@ -6,6 +6,7 @@
 use crate::common::fga::{Fault, FaultRule, Fga, StoredTuple};
 use crate::common::pg::PROMPTLY;
 use crate::common::relay::{Env, deletes, insert_with, tk, wait_until, writes};
+use crate::stores::in_store;
 use serde_json::json;
 use std::time::Duration;
 
@@ -214,6 +215,57 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
         relay.logs()
     );
     assert!(env.fga.has("user:new", "viewer", "document:r"));
+    assert!(
+        env.fga.has("user:a", "viewer", "document:a"),
+        "the old payload's delete was applied"
+    );
+}
+
+/// A row read naming one store and changed, before its Write locks it, to name another is
+/// delivered to the store it names when locked, never to the one it named when read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_changed_to_name_another_store_after_it_was_read_lands_in_that_store() {
+    let env = Env::start().await;
+    let other = env.fga.add_store();
+    let a = tk("user:a", "viewer", "document:a");
+    let first = env.insert(writes(std::slice::from_ref(&a))).await;
+    // Behind `first` on its tuple, in the configured store: read, then waits for `first`.
+    let moved = env
+        .insert(json!({
+            "writes": [tk("user:moved", "viewer", "document:r")],
+            "deletes": [a],
+        }))
+        .await;
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+            "user:a",
+            "viewer",
+            "document:a",
+        ));
+    let admin = env.db.connect().await;
+    let relay = env.start_relay().await;
+    wait_writes_received(&env.fga, 1).await;
+    let now = in_store(writes(&[tk("user:moved", "viewer", "document:r")]), &other);
+    admin
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&moved, &now],
+        )
+        .await
+        .unwrap();
+    let updated = std::time::Instant::now();
+    assert!(
+        first_answered(&env.fga).is_none_or(|at| at > updated),
+        "precondition: the row was changed after the Write before it was answered"
+    );
+    env.wait_delivered(moved).await;
+    env.wait_delivered(first).await;
+    assert!(
+        !env.fga.has("user:moved", "viewer", "document:r"),
+        "the changed row was written to the store it named when read; relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.fga.has_in(&other, "user:moved", "viewer", "document:r"));
     assert!(
         env.fga.has("user:a", "viewer", "document:a"),
         "the old payload's delete was applied"
