@@ -407,6 +407,58 @@ async fn deleted_stores_and_a_store_without_a_model_hold_only_their_rows() {
     );
 }
 
+/// A row dead-lettered by hand while its store is missing (what the relay's message tells an
+/// operator to do) is left as the operator left it: the relay's next try of that store finds it
+/// gone when it locks its rows, and records no failure on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_dead_lettered_by_hand_while_its_store_is_missing_is_left_alone() {
+    let env = Env::start().await;
+    let b = env.fga.add_store();
+    let deleted = env.fga.add_store();
+    let relay = env.start_relay().await;
+    env.fga.delete_store_id(&deleted);
+    let in_deleted = |user: &str| in_store(writes(&[tk(user, "viewer", "document:1")]), &deleted);
+    let by_hand = env.insert(in_deleted("user:anne")).await;
+    wait_until(PROMPTLY, "the row was tried", || async {
+        env.row(by_hand).await.attempts >= 1
+    })
+    .await;
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'dead-lettered by hand'
+             WHERE id = $1",
+            &[&by_hand],
+        )
+        .await
+        .unwrap();
+    let before = env.row(by_hand).await;
+    // The store is tried again with the row dead-lettered by hand in hand: a row failing
+    // alone is held just past its store's wait, so that the store's other rows go first. Once
+    // a later row has failed three times, the store was tried after that row's wait.
+    let later = env.insert(in_deleted("user:bob")).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the store was tried again",
+        || async { env.row(later).await.attempts >= 3 },
+    )
+    .await;
+    let healthy = env
+        .insert(in_store(
+            writes(&[tk("user:b", "viewer", "document:1")]),
+            &b,
+        ))
+        .await;
+    env.wait_delivered(healthy).await;
+    let after = env.row(by_hand).await;
+    assert_eq!(
+        (after.attempts, after.last_error.as_deref()),
+        (before.attempts, Some("dead-lettered by hand")),
+        "the relay recorded a failure on a row dead-lettered by hand; relay log:\n{}",
+        relay.logs()
+    );
+}
+
 /// `reconcile` compares each store's tuples against that store's own Read: a tuple removed
 /// behind the relay's back in one store is drift there, and not hidden by the same tuple in
 /// another store; `--store` checks one store; `--repair` enqueues corrections that name their
