@@ -71,6 +71,18 @@ impl Credentials {
         }
     }
 
+    /// Whether the next request fetches a client-credentials token first (none cached, or one
+    /// due for refresh; or another request fetching one now).
+    pub(super) fn token_due(&self) -> bool {
+        if !matches!(self.auth(), Auth::ClientCredentials { .. }) {
+            return false;
+        }
+        match self.token.try_lock() {
+            Ok(t) => t.as_ref().is_none_or(|t| Instant::now() >= t.refresh_at),
+            Err(_) => true,
+        }
+    }
+
     /// Forgets a cached token after OpenFGA refused it, so the next request fetches a new one.
     pub(super) async fn forget_token(&self) {
         *self.token.lock().await = None;

@@ -26,7 +26,8 @@ pub struct FgaClient {
     pub(super) store_id: tokio::sync::OnceCell<String>,
     pub(super) model_id: Option<String>,
     credentials: Credentials,
-    /// The deadline of one whole Write call: token, request and the retry after a 401.
+    /// The deadline of each request a Write makes, and of one whole Write call: the request and
+    /// the retry after a 401 (with its token fetch).
     write_deadline: Duration,
     /// When each store was last found to exist (see `store::FgaClient::store_still_exists`).
     pub(super) store_seen: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
@@ -126,9 +127,10 @@ impl FgaClient {
         unreachable!("the loop returns on its second pass")
     }
 
-    /// What a Write to `target` asks OpenFGA before it leaves: the store's id (ListStores, while
-    /// `--store-name` is not resolved yet) and whether the store still exists (GetStore, on a
-    /// store's first Write and then every few seconds; see [`FgaClient::ready`]). Each ends
+    /// What a Write to `target` asks before it leaves: a client-credentials token when one is
+    /// due (the issuer), the store's id (ListStores, while `--store-name` is not resolved yet)
+    /// and whether the store still exists (GetStore, on a store's first Write and then every
+    /// few seconds; see [`FgaClient::ready`]). Each ends
     /// within one request timeout and is told to `step` as it ends. Asked before the Write's
     /// rows are locked and before its last look at the stream's `keep_going`, so that a Write
     /// that passes that look leaves at once.
@@ -139,6 +141,16 @@ impl FgaClient {
     ) -> Result<Prepared<'a>, WriteError> {
         // Before the Write's deadline starts: a GetStore sends nothing a fence must wait for,
         // and its token fetch must not eat into the Write's time.
+        if self.credentials.token_due() {
+            let token = self
+                .within_deadline(
+                    "fetching a token from the issuer",
+                    self.credentials.bearer(&self.http),
+                )
+                .await;
+            step();
+            token?.map_err(TokenError::into_write_error)?;
+        }
         let store_id: &str = match &target.store {
             Some(id) => id,
             None => match self.configured_store_id() {
@@ -177,20 +189,20 @@ impl FgaClient {
         })
     }
 
-    /// Whether a Write to `target` can leave without asking OpenFGA anything first
-    /// ([`FgaClient::prepare`] answers at once).
+    /// Whether a Write to `target` can leave without asking anything first (OpenFGA, the token
+    /// issuer): [`FgaClient::prepare`] answers at once.
     pub fn ready(&self, target: &Target) -> bool {
         let store_id = match &target.store {
             Some(id) => Some(&**id),
             None => self.configured_store_id(),
         };
-        store_id.is_some_and(|id| self.store_checked(id))
+        store_id.is_some_and(|id| self.store_checked(id)) && !self.credentials.token_due()
     }
 
     /// Sends one Write carrying `ops` where `to` says, in steps that each end within one
-    /// request timeout and are told to `step` as they end: the Write itself (OIDC token fetch,
-    /// the request, and the retry after a 401), and what a refusal needs asked after it
-    /// (whether a store or model a row names exists). A new leader's fence counts on no Write
+    /// request timeout and are told to `step` as they end: the Write itself (the request, and
+    /// the retry after a 401 with the token fetch it needs), and what a refusal needs asked
+    /// after it (whether a store or model a row names exists). A new leader's fence counts on no Write
     /// of an earlier leader lasting longer than its deadline; the relay's liveness, on no step
     /// lasting longer than a request timeout. The Write's body leaves only while `window` is
     /// open.

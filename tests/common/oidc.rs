@@ -43,6 +43,8 @@ pub struct IssuerState {
     pub scopes: Vec<Option<String>>,
     /// Tokens handed out to the client, in order, with their `exp` (seconds since the epoch).
     pub issued: Vec<(String, u64)>,
+    /// How long the token endpoint waits before it answers (a slow issuer).
+    pub delay: Duration,
 }
 
 /// The issuer: its URL (the `iss` of its tokens), its key, and what it did.
@@ -238,8 +240,13 @@ async fn token(
     axum::Form(form): axum::Form<HashMap<String, String>>,
 ) -> (axum::http::StatusCode, axum::Json<Value>) {
     use axum::http::StatusCode;
+    let delay = {
+        let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.requests += 1;
+        state.delay
+    };
+    tokio::time::sleep(delay).await;
     let mut state = s.state.lock().unwrap_or_else(|e| e.into_inner());
-    state.requests += 1;
     let field = |k: &str| form.get(k).map(String::as_str);
     state.scopes.push(field("scope").map(str::to_owned));
     if field("grant_type") != Some("client_credentials") {

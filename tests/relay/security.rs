@@ -564,6 +564,50 @@ async fn oidc_token_is_refreshed_before_it_expires() {
     assert!(tokens.len() >= 3, "{tokens:?}");
 }
 
+/// SIGTERM while a Write waits for a client-credentials token (the issuer slowed to 1.5 s, the
+/// token due for refresh): no Write leaves after the signal. The token is fetched before the
+/// Write's last look at whether to go on, as what it asks OpenFGA first is; the relay exits 0
+/// with the row pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_sigterm_while_a_write_waits_for_its_token_sends_no_write_after_it() {
+    let issuer = OidcIssuer::start(2);
+    let env = oidc_env(&issuer).await;
+    let mut relay = spawn_with(&env, &issuer.vars(AUDIENCE, CLIENT_SECRET));
+    relay.wait_for_log("delivering (leader)").await;
+    deliver_one_by_one(&env, 1, Duration::ZERO).await;
+    let (_, exp) = issuer.state().issued[0].clone();
+    // Replaced at half its life: due by the time it expires.
+    let expired = std::time::UNIX_EPOCH + Duration::from_secs(exp);
+    wait_until(Duration::from_secs(10), "the token is due", || async {
+        std::time::SystemTime::now() > expired
+    })
+    .await;
+    issuer.state().delay = Duration::from_millis(1500);
+    let asked = issuer.state().requests;
+    let id = env.insert(a_row(1)).await;
+    wait_until(PROMPTLY, "the Write waits for its token", || async {
+        issuer.state().requests > asked
+    })
+    .await;
+    relay.term();
+    let signalled = std::time::Instant::now();
+    let status = relay.wait_exit(PROMPTLY).await;
+    assert!(status.success(), "{status}; its log:\n{}", relay.logs());
+    let after = env
+        .fga
+        .write_heads()
+        .into_iter()
+        .filter(|(at, _)| *at > signalled)
+        .count();
+    assert_eq!(
+        after,
+        0,
+        "Write(s) left after SIGTERM; relay log:\n{}",
+        relay.logs()
+    );
+    assert!(!env.row(id).await.delivered);
+}
+
 /// A token that expires long before the issuer said it would (`expires_in` an hour, `exp` two
 /// seconds): OpenFGA refuses the next Write with 401, and the relay fetches a new token, sends
 /// the Write again, and delivers; nothing is dead-lettered.
