@@ -7,9 +7,9 @@ use super::open::build_relay;
 use crate::config;
 use crate::liveness::Liveness;
 use crate::output;
-use crate::relay::DrainError;
+use crate::relay::{DrainError, LAST_COUNT_GRACE, Relay};
 use crate::settings::RelayArgs;
-use crate::store::{DeadFilter, DrainOutcome, DrainStart, Store};
+use crate::store::{DeadFilter, DrainOutcome, DrainStart};
 use clap::Args;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -42,7 +42,9 @@ impl Drain {
         let (relay, _) = build_relay(db, fga, delivery, "drain", None, liveness).await?;
         let shutdown = crate::shutdown::on_signals()
             .map_err(|e| anyhow::anyhow!("cannot handle signals: {e}"))?;
-        let start = relay.store.drain_start().await?;
+        let start = relay
+            .drain_count("pending", || relay.store.drain_start(), timeout)
+            .await?;
         let left = relay.drain(timeout, shutdown).await;
         // An error the drain ended with may be the first sign of a pooler in transaction mode.
         if let Err(DrainError::Store(crate::store::StoreError::Db(e))) = &left {
@@ -52,8 +54,14 @@ impl Drain {
             return Err(Failure::Config(pooler));
         }
         let left = left?;
-        let outcome = relay.store.drain_outcome(&start).await?;
-        report(&relay.store, &start, &outcome).await?;
+        let outcome = relay
+            .drain_count(
+                "delivered, dead or left",
+                || relay.store.drain_outcome(&start),
+                LAST_COUNT_GRACE,
+            )
+            .await?;
+        report(&relay, &start, &outcome).await?;
         if left > 0 {
             crate::telemetry::error_line(&format!("{left} row(s) still pending after {timeout:?}"));
             Ok(ExitCode::from(1))
@@ -71,7 +79,7 @@ impl Drain {
 }
 
 /// One line of counts on stdout, then the newest dead rows with their errors.
-async fn report(store: &Store, start: &DrainStart, outcome: &DrainOutcome) -> Result<(), Failure> {
+async fn report(relay: &Relay, start: &DrainStart, outcome: &DrainOutcome) -> Result<(), Failure> {
     let DrainOutcome {
         delivered,
         dead,
@@ -87,7 +95,14 @@ async fn report(store: &Store, start: &DrainStart, outcome: &DrainOutcome) -> Re
         since: Some(start.at),
         ids: start.ids,
     };
-    for row in store.dead_newest(filter, DEAD_SHOWN).await? {
+    let newest = relay
+        .drain_count(
+            "dead-lettered",
+            || relay.store.dead_newest(filter, DEAD_SHOWN),
+            LAST_COUNT_GRACE,
+        )
+        .await?;
+    for row in newest {
         output::line(format_args!(
             "  dead row {}: {}",
             row.id,

@@ -23,7 +23,7 @@ use tracing::{debug, error, info, warn};
 
 /// How long after its timeout (or a stop) `drain` waits for its last count of the rows left: a
 /// count answers in milliseconds, and the drain must exit by about its timeout.
-const LAST_COUNT_GRACE: Duration = Duration::from_secs(5);
+pub const LAST_COUNT_GRACE: Duration = Duration::from_secs(5);
 
 /// How `drain` failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +101,25 @@ impl Relay {
             warn!(left, "rows still pending at the timeout");
         }
         Ok(left)
+    }
+
+    /// Runs `statement`, one of drain's own (a count, its report), as [`Relay::ask`] does, given
+    /// up after `limit`: `drain` must exit by about its timeout whatever the path to PostgreSQL
+    /// does.
+    pub async fn drain_count<T, F, Fut>(
+        &self,
+        what: &'static str,
+        statement: F,
+        limit: Duration,
+    ) -> Result<T, DrainError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        match self.ask(what, statement, tokio::time::sleep(limit)).await {
+            Some(answer) => Ok(answer?),
+            None => Err(DrainError::Unanswered(what)),
+        }
     }
 
     /// Runs `statement`, one of drain's own (a count), outside the stream and its guard: None if

@@ -33,7 +33,7 @@ use tracing::{debug, error, info, warn};
 mod bell;
 mod drain;
 
-pub use drain::DrainError;
+pub use drain::{DrainError, LAST_COUNT_GRACE};
 
 use bell::SessionBell;
 
