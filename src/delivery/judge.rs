@@ -126,12 +126,12 @@ impl Core {
     /// (delivered or dead-lettered by that session) leaves the queue; a row as it was is held
     /// back briefly, and keeps its tuples: nothing after it on them goes.
     ///
-    /// A row changed is looked at again at once, as a read would see it
-    /// ([`super::Deliverer::recheck_bars`]): the store and model it names now, its operations
-    /// now (none of what was learnt of the old ones carries over: operations applied, a retried
-    /// row's superseded ones), or dead-lettered if it cannot be decoded. Until then it bars the
-    /// later rows of the store it names now (`configured`: the configured store's id, for a row
-    /// naming it; while that is not known, of the store it named).
+    /// A row changed is looked at again as a read would see it
+    /// ([`super::Deliverer::recheck_bars`], before any Write is planned): the store and model
+    /// it names now, its operations now (none of what was learnt of the old ones carries over:
+    /// operations applied, a retried row's superseded ones), or dead-lettered if it cannot be
+    /// decoded. Until then it bars the later rows of its store (`configured`: the configured
+    /// store's id, for a row naming it).
     pub(super) fn refreshed(
         &mut self,
         plan: Plan,

@@ -37,14 +37,15 @@ impl Deliverer {
                 return Ok(());
             }
             Answer::Held(missing) => {
-                let conn = self.store.pool().get().await?;
-                let now_rows: HashMap<i64, Result<String, String>> = self
-                    .store
-                    .refresh(&conn, &missing)
-                    .await?
-                    .into_iter()
-                    .map(|r| (r.id, r.payload))
-                    .collect();
+                let now_rows = match self.refresh(&missing).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // Still in hand, in their place: no later row on their tuples overtakes
+                        // them while the stream starts again.
+                        self.core.requeue(flight.plan.into_rows());
+                        return Err(e);
+                    }
+                };
                 let configured = self.client.configured_store_id();
                 self.core
                     .refreshed(flight.plan, &missing, &now_rows, configured, Instant::now());
@@ -53,6 +54,16 @@ impl Deliverer {
             Answer::Sent(result) => self.core.judge(flight, result, Instant::now()),
         };
         self.write_back(fx).await
+    }
+
+    /// The rows `ids` still pending, with their payloads as they are now.
+    async fn refresh(
+        &self,
+        ids: &[i64],
+    ) -> Result<HashMap<i64, Result<String, String>>, StoreError> {
+        let conn = self.store.pool().get().await?;
+        let rows = self.store.refresh(&conn, ids).await?;
+        Ok(rows.into_iter().map(|r| (r.id, r.payload)).collect())
     }
 
     /// Records failures and dead-letters rows as a judgement says.

@@ -201,6 +201,7 @@ impl World {
             target,
             text: Arc::from(format!("row {}", r.id).as_str()),
             malformed: false,
+            anywhere: false,
         }
     }
 

@@ -18,11 +18,14 @@
 //! - Planning ([`Core::plan`], here): rows in id order; never one tuple twice in a
 //!   Write; no row on a tuple of a Write in flight, nor behind an earlier row left waiting on it.
 //! - Rows that stay in the queue and keep their tuples: a failed Write's rows and a row held
-//!   back (the judgement, `judge.rs`); a row another session holds, or whose payload changed
-//!   since it was read (the Write's lock, `write.rs`, then read again by id); a row given up on
-//!   that could not be dead-lettered (`Deliverer::give_up`, `judge.rs`); a row with nothing
-//!   left to send until it is marked (here). A row that cannot be decoded and could not be
-//!   dead-lettered stops the read at it (`read.rs`): which tuples it touches is not known.
+//!   back (the judgement, `judge.rs`); a row another session holds (the Write's lock,
+//!   `write.rs`, then looked at again by id); a row given up on that could not be
+//!   dead-lettered (`Deliverer::give_up`, `judge.rs`); a row with nothing left to send until it
+//!   is marked (here).
+//! - Rows that bar every later row of their store, as which tuples they touch is not known: a
+//!   row that cannot be decoded and could not be dead-lettered, and a row whose payload changed
+//!   since it was read, until it is read again by id (`Deliverer::recheck_bars`, `read.rs`);
+//!   one whose store cannot be told yet bars every store.
 //! - Rows finished by a Write are marked delivered in that Write's transaction, before their
 //!   tuples are released: on success, and on an older OpenFGA's "already exists" for a row's last
 //!   operation (`Flight::finished_by`, `write.rs`).
@@ -55,11 +58,15 @@ pub(super) struct Candidate {
     /// The payload's text as read: the Write goes only if its lock finds the same (a page is
     /// read without locks), and a row is dead-lettered only for what it still says.
     pub(super) text: Arc<str>,
-    /// It cannot be decoded, and could not be dead-lettered (another session holds it, maybe
-    /// to correct it): which tuples it will touch is not known, so every later row of its store
-    /// waits behind it until it is dead-lettered, corrected or gone. Its store is the one its
-    /// payload names, as far as that can be read.
+    /// Which tuples it touches is not known yet, so every later row of its store waits behind
+    /// it until it is looked at again: it cannot be decoded, and could not be dead-lettered
+    /// (another session holds it, maybe to correct it); or it changed between its read and its
+    /// Write's lock, and is read again as it is now. Its store is the one its payload names, as
+    /// far as that can be read.
     pub(super) malformed: bool,
+    /// A row as `malformed` whose store cannot be told (it names a store while the configured
+    /// store's id is not known: it may be that one): every later row of every store waits.
+    pub(super) anywhere: bool,
 }
 
 /// The rows of one Write and which of their operations it carries, all for one target.
@@ -108,6 +115,8 @@ struct Scan {
     waiting: HashSet<u64>,
     /// Stores behind a row that cannot be decoded.
     barred: HashSet<Option<Arc<str>>>,
+    /// Every store is behind such a row, whose store cannot be told.
+    all_barred: bool,
     /// Rows that cannot go now.
     stuck: usize,
     /// When the first of them may.
@@ -134,8 +143,9 @@ impl Core {
     /// earlier row left waiting.
     fn passed_over(&self, c: &Candidate, now: Instant, scan: &mut Scan) -> bool {
         let retry_at = self.memo.get(&c.id).and_then(|m| m.retry_at);
-        if c.malformed || scan.barred.contains(&c.target.store) {
+        if c.malformed || scan.all_barred || scan.barred.contains(&c.target.store) {
             scan.barred.insert(c.target.store.clone());
+            scan.all_barred |= c.anywhere;
             if let Some(at) = retry_at {
                 scan.due_at(at);
             }

@@ -213,6 +213,7 @@ impl Deliverer {
             hashes,
             text,
             malformed: false,
+            anywhere: false,
         });
         Ok(Ok(Some(row.id)))
     }
@@ -250,6 +251,7 @@ impl Deliverer {
             hashes: Vec::new(),
             text: text.into(),
             malformed: true,
+            anywhere: false,
         });
         self.core.bars += 1;
         self.core.hold_back(id, Instant::now());
@@ -300,11 +302,25 @@ impl Deliverer {
             let Some(row) = rows.remove(&id) else {
                 continue;
             };
-            if let Err(Unqueued::Unresolved) = self.queue_row(&conn, row, &mut false).await? {
-                // Its store cannot be told yet: it keeps barring what it barred.
-                self.core.admit(old);
-                self.core.bars += 1;
-                self.core.hold_back(id, now);
+            match self.queue_row(&conn, row, &mut false).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(Unqueued::Unresolved)) => {
+                    // Which store it is of now cannot be told (the configured one, by its id,
+                    // or another): it bars every store's later rows until it can.
+                    self.core.admit(Candidate {
+                        anywhere: true,
+                        ..old
+                    });
+                    self.core.bars += 1;
+                    self.core.hold_back(id, now);
+                }
+                Err(e) => {
+                    // Still in hand, in its place, barring what it barred.
+                    self.core.admit(old);
+                    self.core.bars += 1;
+                    self.core.hold_back(id, now);
+                    return Err(e);
+                }
             }
         }
         Ok(())

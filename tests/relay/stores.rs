@@ -407,20 +407,23 @@ async fn deleted_stores_and_a_store_without_a_model_hold_only_their_rows() {
     );
 }
 
-/// A row dead-lettered by hand while its store is missing (what the relay's message tells an
-/// operator to do) is left as the operator left it: the relay's next try of that store finds it
-/// gone when it locks its rows, and records no failure on it.
+/// Rows dead-lettered or corrected by hand while their store is missing (what the relay's
+/// message tells an operator to do) are seen as the operator left them: the relay's next try of
+/// that store locks its rows, finds one gone and the other changed, records no failure on the
+/// first and delivers the second where it now says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_dead_lettered_by_hand_while_its_store_is_missing_is_left_alone() {
+async fn rows_dead_lettered_or_corrected_by_hand_while_their_store_is_missing_are_seen() {
     let env = Env::start().await;
     let b = env.fga.add_store();
     let deleted = env.fga.add_store();
     let relay = env.start_relay().await;
     env.fga.delete_store_id(&deleted);
-    let in_deleted = |user: &str| in_store(writes(&[tk(user, "viewer", "document:1")]), &deleted);
-    let by_hand = env.insert(in_deleted("user:anne")).await;
-    wait_until(PROMPTLY, "the row was tried", || async {
-        env.row(by_hand).await.attempts >= 1
+    let row =
+        |user: &str, store: &str| in_store(writes(&[tk(user, "viewer", "document:1")]), store);
+    let by_hand = env.insert(row("user:anne", &deleted)).await;
+    let corrected = env.insert(row("user:carl", &deleted)).await;
+    wait_until(PROMPTLY, "the rows were tried", || async {
+        env.row(by_hand).await.attempts >= 1 && env.row(corrected).await.attempts >= 1
     })
     .await;
     let admin = env.db.connect().await;
@@ -432,24 +435,26 @@ async fn a_row_dead_lettered_by_hand_while_its_store_is_missing_is_left_alone() 
         )
         .await
         .unwrap();
+    admin
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&corrected, &row("user:carl", &b)],
+        )
+        .await
+        .unwrap();
     let before = env.row(by_hand).await;
+    env.wait_delivered(corrected).await;
+    assert!(env.fga.has_in(&b, "user:carl", "viewer", "document:1"));
     // The store is tried again with the row dead-lettered by hand in hand: a row failing
     // alone is held just past its store's wait, so that the store's other rows go first. Once
     // a later row has failed three times, the store was tried after that row's wait.
-    let later = env.insert(in_deleted("user:bob")).await;
+    let later = env.insert(row("user:bob", &deleted)).await;
     wait_until(
         Duration::from_secs(60),
         "the store was tried again",
         || async { env.row(later).await.attempts >= 3 },
     )
     .await;
-    let healthy = env
-        .insert(in_store(
-            writes(&[tk("user:b", "viewer", "document:1")]),
-            &b,
-        ))
-        .await;
-    env.wait_delivered(healthy).await;
     let after = env.row(by_hand).await;
     assert_eq!(
         (after.attempts, after.last_error.as_deref()),
