@@ -74,7 +74,12 @@ impl Credentials {
     /// Whether the next request fetches a client-credentials token first (none cached, or one
     /// due for refresh; or another request fetching one now).
     pub(super) fn token_due(&self) -> bool {
-        if !matches!(self.auth(), Auth::ClientCredentials { .. }) {
+        // Asked for every Write: looked at in place, not cloned.
+        let oidc = matches!(
+            *self.auth.read().unwrap_or_else(|e| e.into_inner()),
+            Auth::ClientCredentials { .. }
+        );
+        if !oidc {
             return false;
         }
         match self.token.try_lock() {

@@ -107,9 +107,22 @@ impl FgaClient {
         &self,
         make: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, SendError> {
+        self.send_with(None, make).await
+    }
+
+    /// [`FgaClient::send`], with `first`, a token taken already, for the first try.
+    async fn send_with(
+        &self,
+        mut first: Option<&str>,
+        make: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, SendError> {
         for attempt in 0..2 {
             let mut req = make();
-            match self.credentials.bearer(&self.http).await {
+            let token = match first.take() {
+                Some(t) => Ok(Some(t.to_owned())),
+                None => self.credentials.bearer(&self.http).await,
+            };
+            match token {
                 Ok(Some(token)) => req = req.bearer_auth(token),
                 Ok(None) => {}
                 Err(e) => return Err(SendError::Token(e)),
@@ -141,16 +154,20 @@ impl FgaClient {
     ) -> Result<Prepared<'a>, WriteError> {
         // Before the Write's deadline starts: a GetStore sends nothing a fence must wait for,
         // and its token fetch must not eat into the Write's time.
-        if self.credentials.token_due() {
-            let token = self
-                .within_deadline(
-                    "fetching a token from the issuer",
-                    self.credentials.bearer(&self.http),
-                )
-                .await;
+        // Taken now, and carried to the Write's first request: a token fetched here must not be
+        // fetched again after the last look at whether to go on (one that lives less than
+        // twice the issuer's answer is due again as it comes).
+        let due = self.credentials.token_due();
+        let token = self
+            .within_deadline(
+                "fetching a token from the issuer",
+                self.credentials.bearer(&self.http),
+            )
+            .await;
+        if due {
             step();
-            token?.map_err(TokenError::into_write_error)?;
         }
+        let token = token?.map_err(TokenError::into_write_error)?;
         let store_id: &str = match &target.store {
             Some(id) => id,
             None => match self.configured_store_id() {
@@ -186,6 +203,7 @@ impl FgaClient {
             target,
             store_id,
             model,
+            token,
         })
     }
 
@@ -216,7 +234,7 @@ impl FgaClient {
         let written = self
             .within_deadline(
                 "the Write (token and retry included)",
-                self.write_unbounded(to.store_id, to.model, ops, window),
+                self.write_unbounded(to, ops, window),
             )
             .await
             .and_then(|w| w);
@@ -248,14 +266,15 @@ impl FgaClient {
 
     async fn write_unbounded(
         &self,
-        store_id: &str,
-        model: Option<&str>,
+        to: &Prepared<'_>,
         ops: &[&Op],
         window: &SendWindow,
     ) -> Result<(), WriteError> {
-        let url = self.url(&format!("/stores/{store_id}/write"));
-        let body = write_body(ops, model);
-        let (status, retry_after, answer) = self.post_json(url, body, Some(window)).await?;
+        let url = self.url(&format!("/stores/{}/write", to.store_id));
+        let body = write_body(ops, to.model);
+        let (status, retry_after, answer) = self
+            .post_json(url, body, Some(window), to.token.as_deref())
+            .await?;
         if (200..300).contains(&status) {
             // OpenFGA answers `{}`. Anything that is not a JSON object came from something else
             // (a proxy's page): the write cannot be taken as done.
@@ -305,7 +324,7 @@ impl FgaClient {
             body["continuation_token"] = Value::String(continuation_token.to_owned());
         }
         let body = serde_json::to_vec(&body).expect("JSON always serialises");
-        let (status, retry_after, answer) = self.post_json(url, body, None).await?;
+        let (status, retry_after, answer) = self.post_json(url, body, None, None).await?;
         if !(200..300).contains(&status) {
             return Err(classify(status, retry_after, &answer, &[]));
         }
@@ -317,18 +336,19 @@ impl FgaClient {
             })
     }
 
-    /// POSTs a JSON body with auth; returns the status, `Retry-After` and the answer's body. A
-    /// request that got no answer is transient. With a `window`, the body leaves only while it
-    /// is open.
+    /// POSTs a JSON body with auth (`token` for the first try, if given); returns the status,
+    /// `Retry-After` and the answer's body. A request that got no answer is transient. With a
+    /// `window`, the body leaves only while it is open.
     pub(super) async fn post_json(
         &self,
         url: reqwest::Url,
         body: Vec<u8>,
         window: Option<&SendWindow>,
+        token: Option<&str>,
     ) -> Result<(u16, Option<Duration>, bytes::Bytes), WriteError> {
         let body = bytes::Bytes::from(body);
         let resp = self
-            .send(|| {
+            .send_with(token, || {
                 let body = match window {
                     Some(w) => reqwest::Body::wrap(GuardedBody::new(body.clone(), w.clone())),
                     None => reqwest::Body::from(body.clone()),
@@ -410,9 +430,10 @@ fn describe_http_error(e: &reqwest::Error) -> String {
     said
 }
 
-/// Where a Write goes, as [`FgaClient::prepare`] found it.
+/// Where a Write goes, as [`FgaClient::prepare`] found it, and the Bearer token it sends.
 pub struct Prepared<'a> {
     target: &'a Target,
     store_id: &'a str,
     model: Option<&'a str>,
+    token: Option<String>,
 }

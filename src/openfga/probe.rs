@@ -117,7 +117,7 @@ impl FgaClient {
         }
         let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
         let (status, _, answer) = self
-            .post_json(url, body, None)
+            .post_json(url, body, None, None)
             .await
             .map_err(|e| e.to_string())?;
         let error = serde_json::from_slice::<ErrorBody>(&answer).unwrap_or_default();
