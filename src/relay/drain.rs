@@ -104,19 +104,19 @@ impl Relay {
     }
 
     /// Runs `statement`, one of drain's own (a count, its report), as [`Relay::ask`] does, given
-    /// up after `limit`: `drain` must exit by about its timeout whatever the path to PostgreSQL
-    /// does.
+    /// up when `stop` ends: `drain` must exit by about its timeout whatever the path to
+    /// PostgreSQL does.
     pub async fn drain_count<T, F, Fut>(
         &self,
         what: &'static str,
         statement: F,
-        limit: Duration,
+        stop: impl Future<Output = ()>,
     ) -> Result<T, DrainError>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        match self.ask(what, statement, tokio::time::sleep(limit)).await {
+        match self.ask(what, statement, stop).await {
             Some(answer) => Ok(answer?),
             None => Err(DrainError::Unanswered(what)),
         }
