@@ -5,7 +5,7 @@
 
 use crate::common::fga::{Fault, FaultRule, Fga, StoredTuple};
 use crate::common::pg::PROMPTLY;
-use crate::common::relay::{Env, deletes, insert_with, tk, wait_until, writes};
+use crate::common::relay::{Env, RelayProc, deletes, insert_with, tk, wait_until, writes};
 use crate::stores::in_store;
 use serde_json::json;
 use std::time::Duration;
@@ -172,14 +172,17 @@ async fn a_rejected_row_another_session_holds_keeps_its_tuple_blocked() {
     panic!("in 5 tries the relay always dead-lettered the row before the holder took it");
 }
 
-/// A row read in a pass (without a lock) and changed before its Write locks it is sent as it is
-/// when locked, never with what it said when read.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
-    let env = Env::start().await;
+/// Starts a relay with a row behind a slow first Write on its tuple (`user:a viewer
+/// document:a`), read with the first, and changes it to `now` while that Write is in flight,
+/// before its answer. The row as read wrote `user:old viewer document:r` and deleted the first
+/// row's tuple. Once both are delivered, checks that nothing of what the row said when read was
+/// applied, and returns the relay.
+async fn change_a_row_while_the_write_before_it_flies(
+    env: &Env,
+    now: serde_json::Value,
+) -> RelayProc {
     let a = tk("user:a", "viewer", "document:a");
     let first = env.insert(writes(std::slice::from_ref(&a))).await;
-    // Behind `first` on its tuple: read with the page, then waits for `first`'s Write.
     let changed = env
         .insert(json!({
             "writes": [tk("user:old", "viewer", "document:r")],
@@ -198,7 +201,7 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
     admin
         .execute(
             "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
-            &[&changed, &writes(&[tk("user:new", "viewer", "document:r")])],
+            &[&changed, &now],
         )
         .await
         .unwrap();
@@ -214,11 +217,21 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
         "the row's old payload was sent; relay log:\n{}",
         relay.logs()
     );
-    assert!(env.fga.has("user:new", "viewer", "document:r"));
     assert!(
         env.fga.has("user:a", "viewer", "document:a"),
         "the old payload's delete was applied"
     );
+    relay
+}
+
+/// A row read in a pass (without a lock) and changed before its Write locks it is sent as it is
+/// when locked, never with what it said when read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
+    let env = Env::start().await;
+    let now = writes(&[tk("user:new", "viewer", "document:r")]);
+    change_a_row_while_the_write_before_it_flies(&env, now).await;
+    assert!(env.fga.has("user:new", "viewer", "document:r"));
 }
 
 /// A row read naming one store and changed, before its Write locks it, to name another is
@@ -227,49 +240,14 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
 async fn a_row_changed_to_name_another_store_after_it_was_read_lands_in_that_store() {
     let env = Env::start().await;
     let other = env.fga.add_store();
-    let a = tk("user:a", "viewer", "document:a");
-    let first = env.insert(writes(std::slice::from_ref(&a))).await;
-    // Behind `first` on its tuple, in the configured store: read, then waits for `first`.
-    let moved = env
-        .insert(json!({
-            "writes": [tk("user:moved", "viewer", "document:r")],
-            "deletes": [a],
-        }))
-        .await;
-    env.fga
-        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
-            "user:a",
-            "viewer",
-            "document:a",
-        ));
-    let admin = env.db.connect().await;
-    let relay = env.start_relay().await;
-    wait_writes_received(&env.fga, 1).await;
     let now = in_store(writes(&[tk("user:moved", "viewer", "document:r")]), &other);
-    admin
-        .execute(
-            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
-            &[&moved, &now],
-        )
-        .await
-        .unwrap();
-    let updated = std::time::Instant::now();
-    assert!(
-        first_answered(&env.fga).is_none_or(|at| at > updated),
-        "precondition: the row was changed after the Write before it was answered"
-    );
-    env.wait_delivered(moved).await;
-    env.wait_delivered(first).await;
+    let relay = change_a_row_while_the_write_before_it_flies(&env, now).await;
     assert!(
         !env.fga.has("user:moved", "viewer", "document:r"),
         "the changed row was written to the store it named when read; relay log:\n{}",
         relay.logs()
     );
     assert!(env.fga.has_in(&other, "user:moved", "viewer", "document:r"));
-    assert!(
-        env.fga.has("user:a", "viewer", "document:a"),
-        "the old payload's delete was applied"
-    );
 }
 
 /// On OpenFGA before 1.10, a write whose tuple exists with another condition is answered
