@@ -117,6 +117,7 @@ struct Queries {
     claim: String,
     claim_locked: String,
     claim_store: String,
+    claim_below: String,
     refresh: String,
     lock: String,
     mark_delivered: String,
@@ -155,6 +156,7 @@ impl Store {
             claim: r(include_str!("../sql/queries/claim.sql")),
             claim_locked: r(include_str!("../sql/queries/claim_locked.sql")),
             claim_store: r(include_str!("../sql/queries/claim_store.sql")),
+            claim_below: r(include_str!("../sql/queries/claim_below.sql")),
             refresh: r(include_str!("../sql/queries/refresh.sql")),
             lock: r(include_str!("../sql/queries/lock.sql")),
             mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
@@ -234,6 +236,20 @@ impl Store {
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim_store).await?;
         Self::claimed(tx.query(&stmt, &[&store, &held, &limit]).await?)
+    }
+
+    /// Reads the lowest pending rows of the lane whose store keys are `keys` below row `below`,
+    /// not among `held` (claim_below.sql; nothing locked).
+    pub async fn claim_below(
+        &self,
+        tx: &impl GenericClient,
+        below: i64,
+        keys: &[&str],
+        held: &[i64],
+        limit: i64,
+    ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.claim_below).await?;
+        Self::claimed(tx.query(&stmt, &[&below, &keys, &held, &limit]).await?)
     }
 
     /// Opens a transaction on `conn` and reads the lowest pending rows in it as [`Store::claim`]

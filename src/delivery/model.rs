@@ -2,13 +2,17 @@
 //! writers' commits (late ones included: a row may commit after rows with higher ids), OpenFGA's
 //! answers (200; 500, with the Write applied or not; 400 for a bad tuple; 429 with
 //! `Retry-After`; timeouts), crashes and restarts, stores failing and healing, over several
-//! stores and few tuples (so that rows meet on tuples). A small world plays the outbox and
-//! OpenFGA around the core as the stream does (read the lowest committed pending rows not in
-//! hand, of stores not held; plan while the window has room; mark what a Write finished), and the
-//! run is checked against the guarantees:
+//! stores and few tuples (so that rows meet on tuples), and operators changing pending rows
+//! (another store, tuple or operation) that are not in flight. A small world plays the outbox
+//! and OpenFGA around the core as the stream does (read the lowest committed pending rows not in
+//! hand, of stores not held; look again at rows that bar their store; plan while the window has
+//! room; a Write whose lock finds a row changed sends nothing and comes back `Held`; mark what a
+//! Write finished), and the run is checked against the guarantees:
 //!
 //! - per (store, tuple), what OpenFGA applied is in id order (a row applied again after a crash
-//!   or an error only right after itself) and ends with the last delivered row's operation;
+//!   or an error only right after itself; a changed row may follow rows of its new tuple sent
+//!   before the relay saw the change) and ends with the last delivered row's operation (where no
+//!   changed row ever was);
 //! - no row lost: every committed row ends delivered or dead;
 //! - no good row dead: only rows OpenFGA rejects are dead-lettered;
 //! - no store delayed by another store's trouble: while one store fails for good, every row of
@@ -70,6 +74,14 @@ enum Event {
     Crash {
         applied: bool,
     },
+    /// An operator changes the `k`-th committed pending row not in flight (a Write's lock holds
+    /// those) to this store, tuple and operation.
+    Edit {
+        k: usize,
+        store: usize,
+        tuple: usize,
+        write: bool,
+    },
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -87,6 +99,8 @@ fn event() -> impl Strategy<Value = Event> {
         3 => (1u64..3_000).prop_map(Event::Advance),
         1 => (0..STORES, health).prop_map(|(s, h)| Event::SetHealth(s, h)),
         1 => any::<bool>().prop_map(|applied| Event::Crash { applied }),
+        1 => (0usize..8, 0..STORES, 0..TUPLES, any::<bool>())
+            .prop_map(|(k, store, tuple, write)| Event::Edit { k, store, tuple, write }),
     ]
 }
 
@@ -104,10 +118,24 @@ struct Row {
     write: bool,
     bad: bool,
     committed: Option<Duration>,
+    /// The tick (see `World::ticks`) of its commit.
+    committed_tick: u64,
     state: State,
     /// Failed attempts recorded on it.
     failures: u32,
+    /// Times an operator changed it.
+    version: u32,
+    /// The tick (see `World::ticks`) its last Write left at.
+    launched: u64,
+    /// For a changed row: the tick when a relay first held it as it is now (read, or
+    /// read again after a Write of it came back `Held`). Until then, the relay went by what
+    /// the row said before (reads take no locks: a change is seen when a Write locks the row).
+    known: Option<u64>,
 }
+
+/// A row OpenFGA applied: its id, the tick of the Write that carried it and, for a changed row,
+/// since when the relay held it as it was.
+type Applied = (i64, u64, Option<u64>);
 
 /// The outbox, OpenFGA and the clock around one relay's core.
 struct World {
@@ -117,8 +145,12 @@ struct World {
     health: [Health; STORES],
     core: Core,
     flights: Vec<Flight>,
-    /// Per (store, tuple): the ids of the rows OpenFGA applied, in order.
-    applied: HashMap<(usize, usize), Vec<i64>>,
+    /// Per (store, tuple): the rows OpenFGA applied, in order.
+    applied: HashMap<(usize, usize), Vec<Applied>>,
+    /// Commits and Writes launched so far: the order of what the order check compares.
+    ticks: u64,
+    /// The (store, tuple)s a changed row was ever on.
+    edited: HashSet<(usize, usize)>,
     /// Per (store, tuple): whether OpenFGA holds it.
     holds: HashMap<(usize, usize), bool>,
     /// A store that never heals (for the isolation check), if any.
@@ -152,6 +184,8 @@ impl World {
             core: new_core(),
             flights: Vec::new(),
             applied: HashMap::new(),
+            ticks: 0,
+            edited: HashSet::new(),
             holds: HashMap::new(),
             broken,
             delivered_at: HashMap::new(),
@@ -199,10 +233,15 @@ impl World {
             ops: Arc::from(vec![op]),
             hashes: vec![key_hash(target.store_key(), &order_key)],
             target,
-            text: Arc::from(format!("row {}", r.id).as_str()),
+            text: Self::text(r),
             malformed: false,
             anywhere: false,
         }
+    }
+
+    /// The row's payload as a lock would compare it.
+    fn text(r: &Row) -> Arc<str> {
+        Arc::from(format!("row {} v{}", r.id, r.version).as_str())
     }
 
     fn apply(&mut self, event: &Event) {
@@ -221,8 +260,12 @@ impl World {
                     write,
                     bad,
                     committed: None,
+                    committed_tick: 0,
                     state: State::Pending,
                     failures: 0,
+                    version: 0,
+                    launched: 0,
+                    known: None,
                 });
             }
             Event::Commit(k) => {
@@ -250,6 +293,111 @@ impl World {
                 }
             }
             Event::Crash { applied } => self.crash(applied),
+            Event::Edit {
+                k,
+                store,
+                tuple,
+                write,
+            } => self.edit(k, store, tuple, write),
+        }
+    }
+
+    /// An operator's change of a pending row; none where a store is down for good (a row moved
+    /// into or out of it would fail or not for that alone).
+    fn edit(&mut self, k: usize, store: usize, tuple: usize, write: bool) {
+        if self.broken.is_some() {
+            return;
+        }
+        let open: Vec<i64> = self
+            .rows
+            .iter()
+            .filter(|r| r.committed.is_some() && r.state == State::Pending)
+            .filter(|r| !self.core.flying.contains(&r.id))
+            .map(|r| r.id)
+            .collect();
+        let Some(&id) = open.get(k % open.len().max(1)) else {
+            return;
+        };
+        let r = self.row(id);
+        let old = (r.store, r.tuple);
+        (r.store, r.tuple, r.write, r.bad) = (store, tuple, write, false);
+        r.version += 1;
+        r.known = None;
+        self.edited.insert(old);
+        self.edited.insert((store, tuple));
+    }
+
+    /// The relay takes row `id` into its queue, as it is now.
+    fn admit(&mut self, id: i64) {
+        // After the launch of this tick, before the next.
+        let tick = self.ticks;
+        let r = self.row(id);
+        if r.version > 0 && r.known.is_none() {
+            r.known = Some(tick);
+        }
+        let c = Self::candidate(r);
+        self.core.admit(c);
+    }
+
+    /// The rows of a Write its lock finds changed since they were read.
+    fn changed(&self, flight: &Flight) -> Vec<i64> {
+        flight
+            .plan
+            .rows
+            .iter()
+            .filter(|(c, _)| c.text != Self::text(&self.rows[(c.id - 1) as usize]))
+            .map(|(c, _)| c.id)
+            .collect()
+    }
+
+    /// Looks again at the rows that bar their store whose wait is over, as `recheck_bars`
+    /// does: each read again as it is now (the model's rows always decode), after the pending
+    /// rows of its lane below it not in hand, a read's worth at a time; while more may be left,
+    /// it bars its lane again.
+    fn recheck_bars(&mut self) {
+        let now = self.now();
+        let due: Vec<i64> = self
+            .core
+            .queue
+            .values()
+            .filter(|c| c.malformed)
+            .filter(|c| {
+                let memo = self.core.memo.get(&c.id);
+                memo.and_then(|m| m.retry_at).is_none_or(|at| at <= now)
+            })
+            .map(|c| c.id)
+            .collect();
+        for id in due {
+            self.core.queue.remove(&id);
+            self.core.bars = self.core.bars.saturating_sub(1);
+            self.core.memo.remove(&id);
+            let r = &self.rows[(id - 1) as usize];
+            if r.state != State::Pending {
+                continue;
+            }
+            let hand: HashSet<i64> = self.core.hand().into_iter().collect();
+            let store = r.store;
+            let lower: Vec<i64> = self.rows[..(id - 1) as usize]
+                .iter()
+                .filter(|l| l.committed.is_some() && l.state == State::Pending)
+                .filter(|l| l.store == store && !hand.contains(&l.id))
+                .take(BATCH)
+                .map(|l| l.id)
+                .collect();
+            let more = lower.len() >= BATCH;
+            for l in lower {
+                self.admit(l);
+            }
+            if more {
+                let mut bar = Self::candidate(&self.rows[(id - 1) as usize]);
+                bar.malformed = true;
+                bar.hashes.clear();
+                self.core.admit(bar);
+                self.core.bars += 1;
+                self.core.hold_back(id, now);
+            } else {
+                self.admit(id);
+            }
         }
     }
 
@@ -267,21 +415,25 @@ impl World {
             .map(|r| r.id)
             .collect();
         let at = self.clock;
-        for e in earlier {
-            self.row(e).committed = Some(at);
+        for e in earlier.into_iter().chain([id]) {
+            self.ticks += 1;
+            let tick = self.ticks;
+            let r = self.row(e);
+            r.committed = Some(at);
+            r.committed_tick = tick;
         }
-        self.row(id).committed = Some(at);
     }
 
     /// What the stream does in a turn: read the lowest committed pending rows not in hand, of
     /// stores not held, when the queue has room; then launch while the window has room.
     fn step(&mut self) {
         let now = self.now();
+        self.recheck_bars();
         if self.core.queue.len().saturating_sub(self.core.stuck) < BATCH {
             let hand: HashSet<i64> = self.core.hand().into_iter().collect();
             let closed: HashSet<String> =
                 self.core.closed(Some("store0"), now).into_iter().collect();
-            let read: Vec<Candidate> = self
+            let read: Vec<i64> = self
                 .rows
                 .iter()
                 .filter(|r| r.committed.is_some() && r.state == State::Pending)
@@ -291,17 +443,23 @@ impl World {
                     !closed.contains(&key)
                 })
                 .take(BATCH)
-                .map(Self::candidate)
+                .map(|r| r.id)
                 .collect();
-            for c in read {
-                self.core.admit(c);
+            for id in read {
+                self.admit(id);
             }
         }
         while self.flights.len() < self.core.window() {
             let Some(plan) = self.core.plan(now) else {
                 break;
             };
-            self.flights.push(self.core.launch(plan));
+            let flight = self.core.launch(plan);
+            self.ticks += 1;
+            let tick = self.ticks;
+            for id in flight.plan.ids() {
+                self.row(id).launched = tick;
+            }
+            self.flights.push(flight);
         }
         let marked = std::mem::take(&mut self.core.to_mark);
         for &id in &marked {
@@ -320,7 +478,8 @@ impl World {
             let r = &self.rows[(id - 1) as usize];
             let key = (r.store, r.tuple);
             let write = r.write;
-            self.applied.entry(key).or_default().push(id);
+            let entry = (id, r.launched, r.known);
+            self.applied.entry(key).or_default().push(entry);
             self.holds.insert(key, write);
         }
         Ok(())
@@ -329,6 +488,22 @@ impl World {
     fn answer(&mut self, flight: Flight, noise: u8) {
         let now = self.now();
         self.core.landed(&flight.keys, &flight.plan);
+        let changed = self.changed(&flight);
+        if !changed.is_empty() {
+            // Its lock found rows changed: nothing was sent.
+            let now_rows: HashMap<i64, Result<String, String>> = changed
+                .iter()
+                .map(|&id| {
+                    (
+                        id,
+                        Ok(Self::text(&self.rows[(id - 1) as usize]).to_string()),
+                    )
+                })
+                .collect();
+            self.core
+                .refreshed(flight.plan, &changed, &now_rows, Some("store0"), now);
+            return;
+        }
         let store = self.rows[(flight.plan.rows[0].0.id - 1) as usize].store;
         let result = match self.health[store] {
             // Timeouts only where no store is down for good: there, a healthy store's rows must
@@ -387,7 +562,9 @@ impl World {
 
     fn crash(&mut self, applied: bool) {
         for flight in std::mem::take(&mut self.flights) {
+            // A Write whose lock found a row changed sent nothing.
             if applied
+                && self.changed(&flight).is_empty()
                 && self.health[self.rows[(flight.plan.rows[0].0.id - 1) as usize].store]
                     != Health::Throttled
             {
@@ -472,16 +649,29 @@ impl World {
             );
         }
         for ((store, tuple), seq) in &self.applied {
-            let mut collapsed: Vec<i64> = seq.clone();
-            collapsed.dedup();
-            prop_assert!(
-                collapsed.windows(2).all(|w| w[0] < w[1]),
-                "store {} tuple {}: OpenFGA applied rows {:?}, out of id order",
-                store,
-                tuple,
-                seq
-            );
-            if Some(*store) == self.broken {
+            let mut collapsed = seq.clone();
+            collapsed.dedup_by_key(|(id, _, _)| *id);
+            for (i, &(later, launched, l_known)) in collapsed.iter().enumerate() {
+                for &(earlier, _, e_known) in &collapsed[i + 1..] {
+                    // `later` went first (a row applied again later is in order, unless the
+                    // rows between say otherwise). Only a changed row may break the order: one
+                    // the relay did not hold as it is now yet when `later`'s Write left (reads
+                    // take no locks: a Write's lock sees a change), and a changed row the relay
+                    // held as it is now before a row below it committed (no writer serialised
+                    // behind that one: an operator's change is not).
+                    let committed = self.rows[(earlier - 1) as usize].committed_tick;
+                    let excused = e_known.is_some_and(|k| k >= launched)
+                        || l_known.is_some_and(|k| committed > k);
+                    prop_assert!(
+                        later <= earlier || excused,
+                        "store {} tuple {}: OpenFGA applied rows {:?}, out of id order",
+                        store,
+                        tuple,
+                        seq.iter().map(|(id, _, _)| id).collect::<Vec<_>>()
+                    );
+                }
+            }
+            if Some(*store) == self.broken || self.edited.contains(&(*store, *tuple)) {
                 continue;
             }
             let last = self

@@ -302,6 +302,22 @@ impl Deliverer {
             let Some(row) = rows.remove(&id) else {
                 continue;
             };
+            match self.lane_below_in_hand(&conn, &row).await {
+                Ok(None) => {}
+                Ok(Some(bar)) => {
+                    // Rows of its lane below it are still to be read: it waits behind them.
+                    self.core.admit(bar);
+                    self.core.bars += 1;
+                    self.core.hold_back(id, now);
+                    continue;
+                }
+                Err(e) => {
+                    self.core.admit(old);
+                    self.core.bars += 1;
+                    self.core.hold_back(id, now);
+                    return Err(e);
+                }
+            }
             match self.queue_row(&conn, row, &mut false).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(Unqueued::Unresolved)) => {
@@ -324,6 +340,57 @@ impl Deliverer {
             }
         }
         Ok(())
+    }
+
+    /// For a row looked at again by id, as it is now: reads into the queue the pending rows of
+    /// the lane it is in now with lower ids that the relay does not hold (its lane may have
+    /// been left out of reads, held or with enough rows queued; it may have been read ahead of
+    /// them for another store; it may name another store now), as a read would have before it.
+    /// Returns the row as a bar of its lane, to wait and be looked at again, while more of them
+    /// may be left to read. `None` when none is left, or when its lane cannot be told (it is
+    /// then queued, or not, as [`Deliverer::queue_row`] says).
+    async fn lane_below_in_hand(
+        &mut self,
+        conn: &deadpool_postgres::Client,
+        row: &ClaimedRow,
+    ) -> Result<Option<Candidate>, StoreError> {
+        let Ok(text) = &row.payload else {
+            return Ok(None);
+        };
+        let Ok(payload) = Payload::parse_text(text) else {
+            return Ok(None);
+        };
+        let Some(target) = self.target_of(&payload).await else {
+            return Ok(None);
+        };
+        let bar = Candidate {
+            id: row.id,
+            created_at: row.created_at,
+            ops: Arc::from(Vec::new()),
+            target,
+            hashes: Vec::new(),
+            text: text.as_str().into(),
+            malformed: true,
+            anywhere: false,
+        };
+        // Rows naming none: while the configured store's id is not known, those naming it
+        // cannot be told apart (nothing is delivered meanwhile).
+        let Some(configured) = self.client.configured_store_id() else {
+            return Ok(Some(bar));
+        };
+        let keys: Vec<&str> = match bar.target.store.as_deref() {
+            Some(store) => vec![store],
+            None => vec!["", configured],
+        };
+        let limit = self.core.settings.batch_size.max(1);
+        let hand = self.core.hand();
+        let lower = self
+            .store
+            .claim_below(conn, row.id, &keys, &hand, limit as i64)
+            .await?;
+        let n = lower.len();
+        let (_, stopped) = self.queue_rows(conn, lower, &mut false).await?;
+        Ok((n >= limit || stopped).then_some(bar))
     }
 
     /// The target of a row: a row naming a store is keyed by it, unless it names the
