@@ -464,6 +464,97 @@ async fn rows_dead_lettered_or_corrected_by_hand_while_their_store_is_missing_ar
     );
 }
 
+/// A row changed, after it was read, onto a tuple of the configured store while that store
+/// waits out a `Retry-After` with a read's worth of rows queued, with a row of that store below
+/// it on that tuple not read yet (reads leave out a store that waits, and one with a read's
+/// worth queued; the configured store's rows are not read ahead as a named store's are): once
+/// the store may go again, the row below is applied first. (A sweep every second finds the row
+/// below soon whatever happens, so that a relay that overtakes it fails on the order, not on a
+/// deadline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_changed_onto_a_waiting_stores_tuple_goes_after_that_stores_row_below_it() {
+    let env = Env::start().await;
+    let configured = env.fga.store_id().to_owned();
+    let other = env.fga.add_store();
+    env.fga
+        .push_fault(FaultRule::once(Fault::rate_limited(15)).when_store(&configured));
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_BATCH_SIZE", "2"),
+        ("FGA_RELAY_SWEEP_INTERVAL", "1s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    let t = tk("user:t", "viewer", "document:1");
+    // A read's worth, read and refused together.
+    let admin = env.db.connect().await;
+    let queued: Vec<i64> = admin
+        .query(
+            "INSERT INTO fga_outbox (payload) VALUES ($1), ($2) RETURNING id",
+            &[
+                &writes(&[tk("user:f", "viewer", "document:f")]),
+                &writes(&[tk("user:g", "viewer", "document:g")]),
+            ],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    wait_until(PROMPTLY, "the store was told to wait", || async {
+        env.row(queued[0]).await.attempts >= 1
+    })
+    .await;
+    let below = env.insert(writes(std::slice::from_ref(&t))).await;
+    // Read as another store's row, behind a slow Write on its tuple there.
+    let a = tk("user:a", "viewer", "document:a");
+    env.fga.push_fault(
+        FaultRule::once(Fault::Delay(Duration::from_millis(1500))).when_tuple(
+            "user:a",
+            "viewer",
+            "document:a",
+        ),
+    );
+    let slow = env
+        .insert(in_store(writes(std::slice::from_ref(&a)), &other))
+        .await;
+    let changed = env
+        .insert(in_store(deletes(std::slice::from_ref(&a)), &other))
+        .await;
+    wait_until(PROMPTLY, "the slow Write is at OpenFGA", || async {
+        env.fga
+            .writes()
+            .iter()
+            .any(|w| w.body.to_string().contains("user:a"))
+    })
+    .await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&changed, &deletes(std::slice::from_ref(&t))],
+        )
+        .await
+        .unwrap();
+    // The store waits out its 15 s first.
+    wait_until(
+        Duration::from_secs(40),
+        "every row is delivered",
+        || async {
+            let mut all = true;
+            for id in [slow, queued[0], queued[1], below, changed] {
+                all &= env.row(id).await.delivered;
+            }
+            all
+        },
+    )
+    .await;
+    assert_eq!(
+        applied_in(&env.fga, &configured, "user:t"),
+        [true, false],
+        "the changed row's delete went before the write below it; relay log:\n{}",
+        relay.logs()
+    );
+    assert!(!env.fga.has("user:t", "viewer", "document:1"));
+}
+
 /// `reconcile` compares each store's tuples against that store's own Read: a tuple removed
 /// behind the relay's back in one store is drift there, and not hidden by the same tuple in
 /// another store; `--store` checks one store; `--repair` enqueues corrections that name their
