@@ -12,6 +12,7 @@ use super::{Memo, PassReport};
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 /// The stream's state.
@@ -135,18 +136,16 @@ impl Core {
     /// those held, and those with a read's worth of rows queued already, so that one store's
     /// backlog at the head of the table (a store that keeps failing, or a large one) never
     /// fills the queue before the other stores' rows are read.
-    pub(super) fn closed(&self, configured: Option<&str>, now: Instant) -> Vec<String> {
-        let batch = self.settings.batch_size.max(1);
-        let mut queued: HashMap<Option<&str>, usize> = HashMap::new();
-        for c in self.queue.values() {
-            *queued.entry(c.target.store.as_deref()).or_default() += 1;
-        }
+    /// `full` is [`Core::full`].
+    pub(super) fn closed(
+        &self,
+        configured: Option<&str>,
+        full: &[Option<Arc<str>>],
+        now: Instant,
+    ) -> Vec<String> {
         let mut closed = self.lanes.closed(configured, now);
-        for (store, n) in queued {
-            if n < batch {
-                continue;
-            }
-            match store {
+        for store in full {
+            match store.as_deref() {
                 Some(s) => closed.push(s.to_owned()),
                 None => {
                     closed.push(String::new());
@@ -157,6 +156,20 @@ impl Core {
         closed.sort_unstable();
         closed.dedup();
         closed
+    }
+
+    /// The stores with a read's worth of rows queued (`None`: the configured store).
+    pub(super) fn full(&self) -> Vec<Option<Arc<str>>> {
+        let batch = self.settings.batch_size.max(1);
+        let mut queued: HashMap<&Option<Arc<str>>, usize> = HashMap::new();
+        for c in self.queue.values() {
+            *queued.entry(&c.target.store).or_default() += 1;
+        }
+        queued
+            .into_iter()
+            .filter(|(_, n)| *n >= batch)
+            .map(|(store, _)| store.clone())
+            .collect()
     }
 
     /// Takes a row read into the queue.

@@ -21,6 +21,7 @@ impl Deliverer {
         answer: Result<Answer, StoreError>,
     ) -> Result<(), StoreError> {
         self.core.landed(&flight.keys, &flight.plan);
+        self.reopen(&flight.plan.target.store);
         self.progress.mark();
         self.liveness.beat();
         let answer = match answer {
@@ -54,6 +55,25 @@ impl Deliverer {
             Answer::Sent(result) => self.core.judge(flight, result, Instant::now()),
         };
         self.write_back(fx).await
+    }
+
+    /// A Write of `store` landed: if the last read left that store out for having a read's
+    /// worth of rows queued and it has fewer now, its rows left unread are read.
+    fn reopen(&mut self, store: &Option<std::sync::Arc<str>>) {
+        if !self.full.contains(store) {
+            return;
+        }
+        let batch = self.core.settings.batch_size.max(1);
+        let queued = self
+            .core
+            .queue
+            .values()
+            .filter(|c| c.target.store == *store)
+            .count();
+        if queued < batch {
+            self.full.retain(|s| s != store);
+            self.want_read = true;
+        }
     }
 
     /// The rows `ids` still pending, with their payloads as they are now.

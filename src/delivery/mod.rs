@@ -136,6 +136,9 @@ pub struct Deliverer {
     /// Whether more pending rows may be there to read (the last read filled its page, or
     /// something may have committed since).
     want_read: bool,
+    /// The stores the last read left out for having a read's worth of rows queued: once one
+    /// of them has fewer, its rows left unread are read (no notification will say so).
+    full: Vec<Option<Arc<str>>>,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
     /// The reads of the last ten polls that found rows: when, and how many.
@@ -178,6 +181,7 @@ impl Deliverer {
             core: Core::new(settings, metrics, max_tuples),
             spare: None,
             ahead: Ahead::default(),
+            full: Vec::new(),
             want_read: true,
             last_read: None,
             found: std::collections::VecDeque::new(),

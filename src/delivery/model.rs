@@ -431,8 +431,11 @@ impl World {
         self.recheck_bars();
         if self.core.queue.len().saturating_sub(self.core.stuck) < BATCH {
             let hand: HashSet<i64> = self.core.hand().into_iter().collect();
-            let closed: HashSet<String> =
-                self.core.closed(Some("store0"), now).into_iter().collect();
+            let closed: HashSet<String> = self
+                .core
+                .closed(Some("store0"), &self.core.full(), now)
+                .into_iter()
+                .collect();
             let read: Vec<i64> = self
                 .rows
                 .iter()

@@ -75,9 +75,12 @@ impl Deliverer {
         lock: bool,
     ) -> Result<usize, StoreError> {
         let hand = self.core.hand();
-        let closed = self
-            .core
-            .closed(self.client.configured_store_id(), Instant::now());
+        self.full = self.core.full();
+        let closed = self.core.closed(
+            self.client.configured_store_id(),
+            &self.full,
+            Instant::now(),
+        );
         let closed: Vec<&str> = closed.iter().map(String::as_str).collect();
         // A connection left inside a transaction by an error is closed, not pooled.
         let tx = WriteTx(Some(self.store.pool().get().await?));

@@ -455,3 +455,62 @@ async fn a_second_retry_looks_again_for_rows_that_superseded_it() {
         "{r:?}"
     );
 }
+
+/// A burst on one tuple, larger than a read (`--batch-size` 2) and committed at once: the reads
+/// leave the lane out while a read's worth of its rows waits in the queue behind the Write in
+/// flight. Once they have gone, the rest is read without waiting for a sweep (30 s) or another
+/// commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_larger_than_a_read_on_one_tuple_is_delivered_without_a_sweep() {
+    let env = Env::start().await;
+    env.fga.push_fault(FaultRule::times(
+        Fault::Delay(Duration::from_millis(200)),
+        1_000,
+    ));
+    let relay = env.spawn_relay(&[("FGA_RELAY_BATCH_SIZE", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let t = tk("user:burst", "viewer", "document:1");
+    let values: Vec<String> = (1..=6).map(|i| format!("(${i})")).collect();
+    let payloads: Vec<serde_json::Value> = (0..6)
+        .map(|i| match i % 2 {
+            0 => writes(std::slice::from_ref(&t)),
+            _ => deletes(std::slice::from_ref(&t)),
+        })
+        .collect();
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = payloads
+        .iter()
+        .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
+    let admin = env.db.connect().await;
+    let ids: Vec<i64> = admin
+        .query(
+            &format!(
+                "INSERT INTO fga_outbox (payload) VALUES {} RETURNING id",
+                values.join(", ")
+            ),
+            &params,
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let last = *ids.last().unwrap();
+    wait_until(PROMPTLY, "the burst is delivered", || async {
+        env.row(last).await.delivered
+    })
+    .await;
+    let applied: Vec<bool> = env
+        .fga
+        .changelog()
+        .iter()
+        .filter(|c| c.user == "user:burst")
+        .map(|c| c.op == Op::Write)
+        .collect();
+    assert_eq!(
+        applied,
+        [true, false, true, false, true, false],
+        "relay log:\n{}",
+        relay.logs()
+    );
+}
