@@ -20,8 +20,19 @@ impl Deliverer {
         flight: Flight,
         answer: Result<Answer, StoreError>,
     ) -> Result<(), StoreError> {
+        let store = flight.plan.target.store.clone();
+        let landed = self.judge_and_write_back(flight, answer).await;
+        // With the rows it gave back (a failure's) in the queue again.
+        self.reopen(&store);
+        landed
+    }
+
+    async fn judge_and_write_back(
+        &mut self,
+        flight: Flight,
+        answer: Result<Answer, StoreError>,
+    ) -> Result<(), StoreError> {
         self.core.landed(&flight.keys, &flight.plan);
-        self.reopen(&flight.plan.target.store);
         self.progress.mark();
         self.liveness.beat();
         let answer = match answer {
