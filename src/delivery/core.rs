@@ -172,6 +172,20 @@ impl Core {
             .collect()
     }
 
+    /// The rows in the queue that bar their store (`Candidate::malformed`) whose wait is over:
+    /// to be looked at again by id.
+    pub(super) fn bars_due(&self, now: Instant) -> Vec<i64> {
+        self.queue
+            .values()
+            .filter(|c| c.malformed)
+            .filter(|c| {
+                let memo = self.memo.get(&c.id);
+                memo.and_then(|m| m.retry_at).is_none_or(|at| at <= now)
+            })
+            .map(|c| c.id)
+            .collect()
+    }
+
     /// Takes a row read into the queue.
     pub(super) fn admit(&mut self, c: Candidate) {
         self.queue.insert(c.id, c);

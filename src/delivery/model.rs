@@ -356,17 +356,7 @@ impl World {
     /// it bars its lane again.
     fn recheck_bars(&mut self) {
         let now = self.now();
-        let due: Vec<i64> = self
-            .core
-            .queue
-            .values()
-            .filter(|c| c.malformed)
-            .filter(|c| {
-                let memo = self.core.memo.get(&c.id);
-                memo.and_then(|m| m.retry_at).is_none_or(|at| at <= now)
-            })
-            .map(|c| c.id)
-            .collect();
+        let due = self.core.bars_due(now);
         for id in due {
             self.core.queue.remove(&id);
             self.core.bars = self.core.bars.saturating_sub(1);

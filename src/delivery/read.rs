@@ -271,20 +271,7 @@ impl Deliverer {
             return Ok(());
         }
         let now = Instant::now();
-        let due: Vec<i64> = self
-            .core
-            .queue
-            .values()
-            .filter(|c| c.malformed)
-            .filter(|c| {
-                self.core
-                    .memo
-                    .get(&c.id)
-                    .and_then(|m| m.retry_at)
-                    .is_none_or(|at| at <= now)
-            })
-            .map(|c| c.id)
-            .collect();
+        let due = self.core.bars_due(now);
         if due.is_empty() {
             return Ok(());
         }
