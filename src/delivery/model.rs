@@ -367,14 +367,18 @@ impl World {
             }
             let hand: HashSet<i64> = self.core.hand().into_iter().collect();
             let store = r.store;
+            let queued_below = (self.core.queue.values())
+                .filter(|c| c.target.store == store_of(store) && c.id < id)
+                .count();
+            let want = BATCH.saturating_sub(queued_below);
             let lower: Vec<i64> = self.rows[..(id - 1) as usize]
                 .iter()
                 .filter(|l| l.committed.is_some() && l.state == State::Pending)
                 .filter(|l| l.store == store && !hand.contains(&l.id))
-                .take(BATCH)
+                .take(want)
                 .map(|l| l.id)
                 .collect();
-            let more = lower.len() >= BATCH;
+            let more = want == 0 || lower.len() >= want;
             for l in lower {
                 self.admit(l);
             }

@@ -363,16 +363,25 @@ impl Deliverer {
             malformed: true,
             anywhere: false,
         };
-        // Rows naming none: while the configured store's id is not known, those naming it
-        // cannot be told apart (nothing is delivered meanwhile).
-        let Some(configured) = self.client.configured_store_id() else {
+        // Rows naming none: until the configured store's id is known, those naming it cannot
+        // be told apart (and nothing is delivered meanwhile).
+        let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
             return Ok(Some(bar));
         };
         let keys: Vec<&str> = match bar.target.store.as_deref() {
             Some(store) => vec![store],
-            None => vec!["", configured],
+            None => vec!["", &configured],
         };
-        let limit = self.core.settings.batch_size.max(1);
+        // A read's worth below it in hand at most: those go first, then more are read (a held
+        // lane's backlog is not pulled into memory at each look).
+        let batch = self.core.settings.batch_size.max(1);
+        let below = (self.core.queue.values())
+            .filter(|c| c.target.store == bar.target.store && c.id < row.id)
+            .count();
+        let limit = batch.saturating_sub(below);
+        if limit == 0 {
+            return Ok(Some(bar));
+        }
         let hand = self.core.hand();
         let lower = self
             .store
