@@ -158,6 +158,16 @@ impl Core {
         closed
     }
 
+    /// How many rows of `store` (`None`: the configured store) are queued, with ids below
+    /// `below` if given.
+    pub(super) fn queued_of(&self, store: &Option<Arc<str>>, below: Option<i64>) -> usize {
+        let rows = match below {
+            Some(id) => self.queue.range(..id),
+            None => self.queue.range(..),
+        };
+        rows.filter(|(_, c)| c.target.store == *store).count()
+    }
+
     /// The stores with a read's worth of rows queued (`None`: the configured store).
     pub(super) fn full(&self) -> Vec<Option<Arc<str>>> {
         let batch = self.settings.batch_size.max(1);

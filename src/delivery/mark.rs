@@ -20,10 +20,9 @@ impl Deliverer {
         flight: Flight,
         answer: Result<Answer, StoreError>,
     ) -> Result<(), StoreError> {
-        let store = flight.plan.target.store.clone();
         let landed = self.judge_and_write_back(flight, answer).await;
         // With the rows it gave back (a failure's) in the queue again.
-        self.reopen(&store);
+        self.reopen();
         landed
     }
 
@@ -68,21 +67,17 @@ impl Deliverer {
         self.write_back(fx).await
     }
 
-    /// A Write of `store` landed: if the last read left that store out for having a read's
-    /// worth of rows queued and it has fewer now, its rows left unread are read.
-    fn reopen(&mut self, store: &Option<std::sync::Arc<str>>) {
-        if !self.full.contains(store) {
-            return;
-        }
+    /// Rows left the queue (a Write landed, rows were marked or dead-lettered without one, a
+    /// row looked at again was gone): each store the last read left out for having a read's
+    /// worth of rows queued that has fewer now has its rows left unread read (no notification
+    /// will say so).
+    pub(super) fn reopen(&mut self) {
         let batch = self.core.settings.batch_size.max(1);
-        let queued = self
-            .core
-            .queue
-            .values()
-            .filter(|c| c.target.store == *store)
-            .count();
-        if queued < batch {
-            self.full.retain(|s| s != store);
+        let before = self.full.len();
+        let core = &self.core;
+        self.full
+            .retain(|store| core.queued_of(store, None) >= batch);
+        if self.full.len() < before {
             self.want_read = true;
         }
     }

@@ -367,9 +367,7 @@ impl World {
             }
             let hand: HashSet<i64> = self.core.hand().into_iter().collect();
             let store = r.store;
-            let queued_below = (self.core.queue.values())
-                .filter(|c| c.target.store == store_of(store) && c.id < id)
-                .count();
+            let queued_below = self.core.queued_of(&store_of(store), Some(id));
             let want = BATCH.saturating_sub(queued_below);
             let lower: Vec<i64> = self.rows[..(id - 1) as usize]
                 .iter()

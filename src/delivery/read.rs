@@ -375,9 +375,7 @@ impl Deliverer {
         // A read's worth below it in hand at most: those go first, then more are read (a held
         // lane's backlog is not pulled into memory at each look).
         let batch = self.core.settings.batch_size.max(1);
-        let below = (self.core.queue.values())
-            .filter(|c| c.target.store == bar.target.store && c.id < row.id)
-            .count();
+        let below = self.core.queued_of(&bar.target.store, Some(row.id));
         let limit = batch.saturating_sub(below);
         if limit == 0 {
             return Ok(Some(bar));

@@ -231,6 +231,8 @@ impl Deliverer {
         if let Err(e) = self.mark_finished().await {
             turn.fail(e);
         }
+        // Rows marked here, or found gone or dead-lettered by this turn's looks, left the queue.
+        self.reopen();
     }
 
     pub(super) async fn release_spare(&mut self, turn: &mut Turn<'_>) {
