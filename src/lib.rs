@@ -69,6 +69,7 @@ pub mod reconcile;
 pub mod recurring;
 pub mod relay;
 pub mod reload;
+pub mod renewals;
 pub mod schema;
 pub mod send_window;
 pub mod settings;

@@ -14,6 +14,7 @@
 
 use crate::leadership::{Backend, Lease, Taken};
 use crate::lease_clock::LeaseInstant;
+use crate::renewals::Renewals;
 use crate::schema::{LEADER_LOCK_CLASS, WAKE_LOCK_CLASS};
 use crate::send_window::SendWindow;
 use std::future::poll_fn;
@@ -84,6 +85,8 @@ pub struct Session {
     /// While leading: until when a Write may leave, the lease by our own clock (see
     /// `send_window`).
     term: SendWindow,
+    /// What the heartbeat did about the lease: said when the lease is found run out.
+    renewals: Renewals,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -129,6 +132,7 @@ impl Session {
         ));
 
         let term = SendWindow::default();
+        let renewals = Renewals::default();
         // The session's pid, once read: the heartbeat starts before.
         let first_pid = Arc::new(std::sync::OnceLock::new());
         let heartbeat = tokio::spawn(beat(Pulse {
@@ -137,6 +141,7 @@ impl Session {
             every: opts.heartbeat,
             lease: opts.lease.clone(),
             term: term.clone(),
+            renewals: renewals.clone(),
             pooler: opts.pooler.clone(),
             first_pid: first_pid.clone(),
         }));
@@ -153,6 +158,7 @@ impl Session {
             lease: opts.lease,
             pooler: opts.pooler,
             term,
+            renewals,
             tasks: vec![driver, heartbeat],
         };
         if let Some(channel) = opts.channel {
@@ -221,6 +227,7 @@ impl Session {
         }
         let sent = LeaseInstant::now();
         let taken = self.lease.take(&self.client).await?;
+        self.renewals.answered(sent, true);
         self.term
             .open_until(sent + self.lease.lease - self.lease.margin);
         Ok(Some(taken))
@@ -234,11 +241,12 @@ impl Session {
     /// Whether this session leads and its lease still holds by our own clock. Past its end the
     /// session counts as lost at once: another relay may have ended it and be delivering.
     pub fn lease_valid(&self) -> bool {
+        let now = LeaseInstant::now();
         match self.term.end() {
-            Some(until) if LeaseInstant::now() < until => true,
-            Some(_) => {
+            Some(until) if now < until => true,
+            Some(until) => {
                 if !self.lost.is_cancelled() {
-                    warn!("the leadership lease ran out before it could be renewed; stopping");
+                    self.renewals.say_lapse(until, now);
                     self.lost.cancel();
                 }
                 false
@@ -442,6 +450,7 @@ struct Pulse {
     lease: Arc<Lease>,
     /// The send window the renewals move on.
     term: SendWindow,
+    renewals: Renewals,
     pooler: Arc<crate::db::pooler::PoolerCheck>,
     /// The session's pid, once read.
     first_pid: Arc<std::sync::OnceLock<i32>>,
@@ -456,6 +465,7 @@ async fn beat(pulse: Pulse) {
         every,
         lease,
         term,
+        renewals,
         pooler,
         first_pid,
     } = pulse;
@@ -476,6 +486,9 @@ async fn beat(pulse: Pulse) {
         let leading = term.end().is_some();
         // Every beat but a successful renewal asks for the session's pid: one that
         // changed is a pooler in transaction mode (see `db::pooler`), not a takeover.
+        if leading {
+            renewals.sent(sent);
+        }
         let check = async {
             if leading && lease.renew(&client).await? {
                 return Ok(Beat::Renewed);
@@ -503,7 +516,9 @@ async fn beat(pulse: Pulse) {
                         answer: PostgreSQL may be waiting on its disk (a renewal commits \
                         durably); a longer --heartbeat-interval and --leader-lease give it room");
                 }
-                term.extend_to(sent + lease.lease - lease.margin);
+                // Too late to extend a lease already run out: that one stays run out.
+                let in_time = term.extend_to(sent + lease.lease - lease.margin);
+                renewals.answered(sent, in_time);
             }
             Ok(Ok(Beat::TakenOver)) => {
                 if term.end().is_some() {

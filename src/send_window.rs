@@ -33,11 +33,14 @@ impl SendWindow {
     /// after leadership was let go, or after the end had passed, opens nothing: past its end the
     /// session counts as lost (another relay may have ended it and be delivering), and only a
     /// new term opens the window again.
-    pub fn extend_to(&self, until: LeaseInstant) {
+    /// Returns whether it did.
+    pub fn extend_to(&self, until: LeaseInstant) -> bool {
         let mut u = self.until();
-        if u.is_some_and(|end| LeaseInstant::now() < end) {
+        let open = u.is_some_and(|end| LeaseInstant::now() < end);
+        if open {
             *u = Some(until);
         }
+        open
     }
 
     /// Closes the window: leadership let go or lost.
