@@ -69,6 +69,45 @@ fn short(d: Duration) -> String {
         .replace(' ', "")
 }
 
+/// What the table said at a line, as the lines print it.
+struct Table {
+    /// Whether it could be read: unknown changes nothing (no warning, no recovery).
+    known: bool,
+    /// "?" when the table could not be read.
+    pending: String,
+    dead: String,
+    oldest: Option<Duration>,
+    /// "-" when there is none, or the table could not be read.
+    oldest_text: String,
+}
+
+impl Table {
+    fn of(counts: Option<crate::store::PendingCounts>) -> Table {
+        let oldest = counts
+            .and_then(|t| t.oldest_pending_age_seconds)
+            .map(|s| Duration::from_secs_f64(s.max(0.0)));
+        Table {
+            known: counts.is_some(),
+            pending: counts.map_or_else(|| "?".to_owned(), |t| t.pending.to_string()),
+            dead: counts.map_or_else(|| "?".to_owned(), |t| t.dead.to_string()),
+            oldest,
+            oldest_text: oldest.map_or_else(|| "-".to_owned(), short),
+        }
+    }
+}
+
+/// What the summary keeps from one line to the next.
+struct Summary {
+    metrics: Metrics,
+    settings: SummarySettings,
+    /// The counters at the last line.
+    last: Counts,
+    /// Intervals in a row in which nothing happened.
+    idle_intervals: u32,
+    /// The oldest pending row was last found waiting too long.
+    too_old: bool,
+}
+
 /// Logs until `shutdown`.
 pub async fn run(
     metrics: Metrics,
@@ -76,9 +115,13 @@ pub async fn run(
     settings: SummarySettings,
     shutdown: CancellationToken,
 ) {
-    let mut last = Counts::read(&metrics);
-    let mut idle_intervals = 0;
-    let mut too_old = false;
+    let mut summary = Summary {
+        last: Counts::read(&metrics),
+        metrics,
+        settings,
+        idle_intervals: 0,
+        too_old: false,
+    };
     let mut tick = tokio::time::interval_at(
         tokio::time::Instant::now() + settings.interval,
         settings.interval,
@@ -89,29 +132,32 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let now = Counts::read(&metrics);
-        let did = now.since(last);
-        last = now;
-        let latency = metrics.delivery_latency_seconds.take();
-        let table = match store.status_pending().await {
+        let counts = match store.status_pending().await {
             Ok(t) => Some(t),
             Err(e) => {
                 debug!(error = %e, "summary: cannot count pending rows");
                 None
             }
         };
-        // "?" when the table could not be read.
-        let pending = table.map_or_else(|| "?".to_owned(), |t| t.pending.to_string());
-        let dead = table.map_or_else(|| "?".to_owned(), |t| t.dead.to_string());
-        let oldest = table
-            .and_then(|t| t.oldest_pending_age_seconds)
-            .map(|s| Duration::from_secs_f64(s.max(0.0)));
-        let oldest_text = oldest.map_or_else(|| "-".to_owned(), short);
+        let table = Table::of(counts);
+        summary.say(&table);
+        summary.watch_age(&table);
+    }
+}
 
+impl Summary {
+    /// The interval's line: what was done, or, every `IDLE_EVERY` idle intervals, that nothing
+    /// was.
+    fn say(&mut self, table: &Table) {
+        let now = Counts::read(&self.metrics);
+        let did = now.since(self.last);
+        self.last = now;
+        let latency = self.metrics.delivery_latency_seconds.take();
+        let interval = self.settings.interval;
         if did != Counts::default() {
-            idle_intervals = 0;
+            self.idle_intervals = 0;
             info!(
-                over = %short(settings.interval),
+                over = %short(interval),
                 delivered = did.rows,
                 tuples = did.tuples,
                 writes = did.writes,
@@ -119,46 +165,50 @@ pub async fn run(
                 failed_permanent = did.failed[1],
                 failed_configuration = did.failed[2],
                 dead_lettered = did.dead_lettered,
-                pending = %pending,
-                oldest_pending_age = %oldest_text,
-                dead = %dead,
+                pending = %table.pending,
+                oldest_pending_age = %table.oldest_text,
+                dead = %table.dead,
                 latency_p50 = %latency.map_or_else(|| "-".to_owned(), |p| short(p.p50)),
                 latency_p99 = %latency.map_or_else(|| "-".to_owned(), |p| short(p.p99)),
                 "summary"
             );
-        } else {
-            idle_intervals += 1;
-            if idle_intervals >= IDLE_EVERY {
-                idle_intervals = 0;
-                info!(
-                    over = %short(settings.interval * IDLE_EVERY),
-                    pending = %pending,
-                    oldest_pending_age = %oldest_text,
-                    dead = %dead,
-                    "idle: nothing delivered"
-                );
-            }
+            return;
         }
+        self.idle_intervals += 1;
+        if self.idle_intervals >= IDLE_EVERY {
+            self.idle_intervals = 0;
+            info!(
+                over = %short(interval * IDLE_EVERY),
+                pending = %table.pending,
+                oldest_pending_age = %table.oldest_text,
+                dead = %table.dead,
+                "idle: nothing delivered"
+            );
+        }
+    }
 
-        // Unknown (the table could not be read) changes nothing: no warning, no recovery.
-        if table.is_some() {
-            let now_too_old = oldest.is_some_and(|age| age > settings.pending_age_warn);
-            if now_too_old && !too_old {
-                warn!(
-                    oldest_pending_age = %oldest_text,
-                    threshold = %short(settings.pending_age_warn),
-                    pending = %pending,
-                    "pending rows are waiting too long"
-                );
-            } else if too_old && !now_too_old {
-                warn!(
-                    oldest_pending_age = %oldest_text,
-                    threshold = %short(settings.pending_age_warn),
-                    pending = %pending,
-                    "pending rows no longer wait too long"
-                );
-            }
-            too_old = now_too_old;
+    /// Warns when the oldest pending row starts to wait too long, and when it no longer does.
+    fn watch_age(&mut self, table: &Table) {
+        if !table.known {
+            return;
         }
+        let threshold = self.settings.pending_age_warn;
+        let now_too_old = table.oldest.is_some_and(|age| age > threshold);
+        if now_too_old && !self.too_old {
+            warn!(
+                oldest_pending_age = %table.oldest_text,
+                threshold = %short(threshold),
+                pending = %table.pending,
+                "pending rows are waiting too long"
+            );
+        } else if self.too_old && !now_too_old {
+            warn!(
+                oldest_pending_age = %table.oldest_text,
+                threshold = %short(threshold),
+                pending = %table.pending,
+                "pending rows no longer wait too long"
+            );
+        }
+        self.too_old = now_too_old;
     }
 }

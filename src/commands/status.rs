@@ -48,9 +48,9 @@ impl Status {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let store = open_store(&self.db.settings()?, "fga-relay status").await?;
         let counted = async {
-            let s = store.status().await?;
+            let counts = store.status().await?;
             let stores = store.status_stores().await?;
-            let dead = if s.dead > 0 {
+            let (dead_by_reason, newest_dead) = if counts.dead > 0 {
                 (
                     store.dead_reasons(DEAD_REASONS).await?,
                     store.dead_newest(Default::default(), DEAD_SHOWN).await?,
@@ -58,88 +58,107 @@ impl Status {
             } else {
                 (Vec::new(), Vec::new())
             };
-            Ok((s, stores, dead))
-        };
-        let (s, stores, (dead_by_reason, newest_dead)) = match counted.await {
-            Ok(counts) => counts,
-            Err(e) => return Err(store_failure(&store, e).await),
-        };
-        if self.json {
-            let report = Report {
-                counts: s,
+            Ok(Report {
+                counts,
                 stores,
                 dead_by_reason,
                 newest_dead,
-            };
+            })
+        };
+        let report = match counted.await {
+            Ok(report) => report,
+            Err(e) => return Err(store_failure(&store, e).await),
+        };
+        if self.json {
             output::line(format_args!(
                 "{}",
                 serde_json::to_string(&report).expect("status always serialises")
             ));
         } else {
-            output::line(format_args!("pending    {}", s.pending));
-            output::line(format_args!("dead       {}", s.dead));
-            if !dead_by_reason.is_empty() {
-                output::line("  by reason (the error's first words):");
-                for r in &dead_by_reason {
-                    output::line(format_args!(
-                        "    {:>6}  {} (newest: row {})",
-                        r.rows, r.reason, r.newest_id
-                    ));
-                }
-            }
-            if !newest_dead.is_empty() {
-                output::line("  the newest dead rows, with the error that killed each:");
-                for row in &newest_dead {
-                    output::line(format_args!(
-                        "    row {}: {}",
-                        row.id,
-                        row.last_error.as_deref().unwrap_or("(no error recorded)")
-                    ));
-                }
-                output::line(
-                    "  list them all, with what a retry would replay: fga-relay retry --dead \
-                     --dry-run; send them back to pending: fga-relay retry --dead (or ID...)",
-                );
-            }
-            output::line(format_args!("delivered  {}", s.delivered));
-            match s.oldest_pending_age_seconds {
-                Some(age) => output::line(format_args!("oldest pending row: {age:.1}s old")),
-                None => output::line("oldest pending row: none"),
-            }
-            // What every claim walks past until VACUUM: worth a look when latency creeps up.
-            let versions = s
-                .dead_row_versions
-                .map_or_else(|| "unknown".to_owned(), |n| n.to_string());
-            let vacuumed = s
-                .last_vacuum_age_seconds
-                .map_or_else(|| "never".to_owned(), |age| format!("{age:.0}s ago"));
-            output::line(format_args!(
-                "old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})"
-            ));
-            // Only rows naming no store: the one store there is, nothing to add.
-            if stores.iter().any(|c| c.store_id.is_some()) {
-                output::line(format_args!(
-                    "by store ({} with rows not delivered):",
-                    stores.len()
-                ));
-                for c in stores.iter().take(TEXT_STORES) {
-                    let id = c
-                        .store_id
-                        .as_deref()
-                        .unwrap_or("(none named: configured store)");
-                    output::line(format_args!(
-                        "  {id}  pending {}, dead {}",
-                        c.pending, c.dead
-                    ));
-                }
-                if stores.len() > TEXT_STORES {
-                    output::line(format_args!(
-                        "  … and {} more (fga-relay status --json lists them all)",
-                        stores.len() - TEXT_STORES
-                    ));
-                }
-            }
+            report.print();
         }
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+impl Report {
+    /// The text output.
+    fn print(&self) {
+        let s = &self.counts;
+        output::line(format_args!("pending    {}", s.pending));
+        output::line(format_args!("dead       {}", s.dead));
+        self.print_dead();
+        output::line(format_args!("delivered  {}", s.delivered));
+        match s.oldest_pending_age_seconds {
+            Some(age) => output::line(format_args!("oldest pending row: {age:.1}s old")),
+            None => output::line("oldest pending row: none"),
+        }
+        // What every claim walks past until VACUUM: worth a look when latency creeps up.
+        let versions = s
+            .dead_row_versions
+            .map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+        let vacuumed = s
+            .last_vacuum_age_seconds
+            .map_or_else(|| "never".to_owned(), |age| format!("{age:.0}s ago"));
+        output::line(format_args!(
+            "old row versions awaiting vacuum: {versions} (last vacuum: {vacuumed})"
+        ));
+        self.print_stores();
+    }
+
+    /// The dead rows by reason, and the newest, with what to do about them.
+    fn print_dead(&self) {
+        if !self.dead_by_reason.is_empty() {
+            output::line("  by reason (the error's first words):");
+            for r in &self.dead_by_reason {
+                output::line(format_args!(
+                    "    {:>6}  {} (newest: row {})",
+                    r.rows, r.reason, r.newest_id
+                ));
+            }
+        }
+        if !self.newest_dead.is_empty() {
+            output::line("  the newest dead rows, with the error that killed each:");
+            for row in &self.newest_dead {
+                output::line(format_args!(
+                    "    row {}: {}",
+                    row.id,
+                    row.last_error.as_deref().unwrap_or("(no error recorded)")
+                ));
+            }
+            output::line(
+                "  list them all, with what a retry would replay: fga-relay retry --dead \
+                 --dry-run; send them back to pending: fga-relay retry --dead (or ID...)",
+            );
+        }
+    }
+
+    /// The stores with the most rows not delivered, when rows name stores (with only rows
+    /// naming none, there is one store, and nothing to add).
+    fn print_stores(&self) {
+        let stores = &self.stores;
+        if !stores.iter().any(|c| c.store_id.is_some()) {
+            return;
+        }
+        output::line(format_args!(
+            "by store ({} with rows not delivered):",
+            stores.len()
+        ));
+        for c in stores.iter().take(TEXT_STORES) {
+            let id = c
+                .store_id
+                .as_deref()
+                .unwrap_or("(none named: configured store)");
+            output::line(format_args!(
+                "  {id}  pending {}, dead {}",
+                c.pending, c.dead
+            ));
+        }
+        if stores.len() > TEXT_STORES {
+            output::line(format_args!(
+                "  … and {} more (fga-relay status --json lists them all)",
+                stores.len() - TEXT_STORES
+            ));
+        }
     }
 }
