@@ -486,7 +486,9 @@ async fn beat(pulse: Pulse) {
         let leading = term.end().is_some();
         // Every beat but a successful renewal asks for the session's pid: one that
         // changed is a pooler in transaction mode (see `db::pooler`), not a takeover.
-        if leading {
+        // Only a renewal that may still extend the lease: one sent past its end (the process
+        // continued after a stop) is not waited for.
+        if term.end().is_some_and(|end| sent < end) {
             renewals.sent(sent);
         }
         let check = async {

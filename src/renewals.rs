@@ -1,8 +1,11 @@
 //! What the leader's heartbeat did about its lease, kept for the moment the lease is found run
-//! out by the relay's own clock: the line that says so tells the operator which of two things
-//! happened. A renewal was waiting for PostgreSQL's answer (PostgreSQL slow to commit it, or the
-//! connection gone quiet), or none was (this process did not run in time: stopped, suspended,
-//! starved of CPU). The remedies differ: room for slow renewals, or a look at the host.
+//! out by the relay's own clock, so that the line saying so tells which of two things happened.
+//! While the process runs, a renewal that PostgreSQL does not answer ends the session at the
+//! heartbeat's own deadline ("heartbeat got no answer"), which comes no later than the lease's
+//! end: the lease is found run out first almost only when this process did not run in time
+//! (stopped, suspended, starved of CPU), which the line then says. The exception is the two
+//! deadlines meeting, a renewal sent before the end still waiting when the end is noticed at
+//! once: that one is PostgreSQL's slowness, and said as such.
 
 use crate::lease_clock::LeaseInstant;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,11 +28,20 @@ struct State {
 /// Why the lease ran out, as far as this relay can tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lapse {
-    /// A renewal had waited this long for its answer.
-    Waiting(Duration),
-    /// No renewal was waiting; the last renewal (or the taking) was sent this long ago.
-    Unsent(Option<Duration>),
+    /// PostgreSQL was slow: a renewal sent before the end had waited this long for its answer,
+    /// and the end was noticed as it came.
+    Slow(Duration),
+    /// This process did not run in time. The last renewal (or the taking) was sent this long
+    /// ago; a renewal sent since, too late or unanswered, had waited this long.
+    Paused {
+        last_renewed: Option<Duration>,
+        waiting: Option<Duration>,
+    },
 }
+
+/// How soon after the lease's end a running relay notices it: within this, the end was noticed
+/// as it came (the process ran); later, the process did not run meanwhile.
+const NOTICED_AT_ONCE: Duration = Duration::from_millis(500);
 
 impl Renewals {
     fn state(&self) -> MutexGuard<'_, State> {
@@ -52,12 +64,18 @@ impl Renewals {
         }
     }
 
-    /// Why a lease found run out at `now` ran out.
-    pub fn lapse(&self, now: LeaseInstant) -> Lapse {
+    /// Why a lease whose end was `end` by this relay's clock, found run out at `now`, ran out.
+    pub fn lapse(&self, end: LeaseInstant, now: LeaseInstant) -> Lapse {
         let s = *self.state();
+        let past_end = now.saturating_duration_since(end);
         match s.waiting {
-            Some(sent) => Lapse::Waiting(now.saturating_duration_since(sent)),
-            None => Lapse::Unsent(s.answered.map(|a| now.saturating_duration_since(a))),
+            Some(sent) if sent < end && past_end < NOTICED_AT_ONCE => {
+                Lapse::Slow(now.saturating_duration_since(sent))
+            }
+            waiting => Lapse::Paused {
+                last_renewed: s.answered.map(|a| now.saturating_duration_since(a)),
+                waiting: waiting.map(|w| now.saturating_duration_since(w)),
+            },
         }
     }
 
@@ -65,22 +83,26 @@ impl Renewals {
     /// `now`, and what to look at.
     pub fn say_lapse(&self, end: LeaseInstant, now: LeaseInstant) {
         let past_end = now.saturating_duration_since(end);
-        match self.lapse(now) {
-            Lapse::Waiting(waited) => warn!(
+        let text = |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| format!("{d:?}"));
+        match self.lapse(end, now) {
+            Lapse::Slow(waited) => warn!(
                 renewal_waited = ?waited,
-                past_end = ?past_end,
                 "the leadership lease ran out while its renewal waited for PostgreSQL's answer; \
                  stopping (this relay reconnects and stands by). A renewal commits durably: if \
                  PostgreSQL is slow to commit (its disk or CPU saturated), a longer \
                  --leader-lease and --heartbeat-interval give renewals room"
             ),
-            Lapse::Unsent(last) => warn!(
-                last_renewed = ?last,
+            Lapse::Paused {
+                last_renewed,
+                waiting,
+            } => warn!(
                 past_end = ?past_end,
-                "the leadership lease ran out before it could be renewed, with no renewal \
-                 waiting: this process did not run in time (stopped, suspended, or starved of \
-                 CPU: look at the host's load and at what paused the process); stopping (this \
-                 relay reconnects and stands by)"
+                last_renewed = %text(last_renewed),
+                renewal_waited = %text(waiting),
+                "the leadership lease ran out before it could be renewed: this process did not \
+                 run in time (stopped, suspended, or starved of CPU: look at the host's load, \
+                 its CPU limits, and at what paused the process); stopping (this relay \
+                 reconnects and stands by)"
             ),
         }
     }
@@ -90,29 +112,53 @@ impl Renewals {
 mod tests {
     use super::*;
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
     #[test]
-    fn a_renewal_waiting_is_told_from_none_sent() {
+    fn a_renewal_left_waiting_by_postgresql_is_told_from_a_process_that_did_not_run() {
         let r = Renewals::default();
         let t0 = LeaseInstant::now();
-        assert_eq!(r.lapse(t0), Lapse::Unsent(None));
+        let end = t0 + secs(10);
+        assert_eq!(
+            r.lapse(end, end),
+            Lapse::Paused {
+                last_renewed: None,
+                waiting: None
+            }
+        );
         r.answered(t0, true);
-        r.sent(t0 + Duration::from_secs(5));
+        r.sent(t0 + secs(5));
+        // Noticed as the end came, the renewal sent before it still waiting: PostgreSQL.
+        assert_eq!(r.lapse(end, end), Lapse::Slow(secs(5)));
+        // Noticed 20 s late: the process did not run, whatever was waiting.
         assert_eq!(
-            r.lapse(t0 + Duration::from_secs(11)),
-            Lapse::Waiting(Duration::from_secs(6))
+            r.lapse(end, end + secs(20)),
+            Lapse::Paused {
+                last_renewed: Some(secs(30)),
+                waiting: Some(secs(25))
+            }
         );
-        r.answered(t0 + Duration::from_secs(12), true);
+        // Continued after a stop, the overdue renewal goes out before the end is noticed: sent
+        // after the end, it is not PostgreSQL's slowness.
+        let ms = Duration::from_millis;
+        r.sent(end + ms(100));
         assert_eq!(
-            r.lapse(t0 + Duration::from_secs(30)),
-            Lapse::Unsent(Some(Duration::from_secs(18)))
+            r.lapse(end, end + ms(200)),
+            Lapse::Paused {
+                last_renewed: Some(ms(10_200)),
+                waiting: Some(ms(100))
+            }
         );
-        // Sent after the lease had run out (the process stopped between two renewals): it
-        // renewed nothing.
-        r.sent(t0 + Duration::from_secs(40));
-        r.answered(t0 + Duration::from_secs(40), false);
+        // Answered too late: it renewed nothing.
+        r.answered(end + secs(3), false);
         assert_eq!(
-            r.lapse(t0 + Duration::from_secs(41)),
-            Lapse::Unsent(Some(Duration::from_secs(29)))
+            r.lapse(end, end + secs(4)),
+            Lapse::Paused {
+                last_renewed: Some(secs(14)),
+                waiting: None
+            }
         );
     }
 }

@@ -96,6 +96,12 @@ impl Table {
     }
 }
 
+/// What an interval's line reports of this process's work.
+struct Done {
+    did: Counts,
+    latency: Option<crate::latency_window::Percentiles>,
+}
+
 /// What the summary keeps from one line to the next.
 struct Summary {
     metrics: Metrics,
@@ -132,6 +138,8 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
+        // What was done up to the tick, before the table is asked (which may be slow).
+        let done = summary.take();
         let counts = match store.status_pending().await {
             Ok(t) => Some(t),
             Err(e) => {
@@ -140,19 +148,27 @@ pub async fn run(
             }
         };
         let table = Table::of(counts);
-        summary.say(&table);
+        summary.say(done, &table);
         summary.watch_age(&table);
     }
 }
 
 impl Summary {
-    /// The interval's line: what was done, or, every `IDLE_EVERY` idle intervals, that nothing
-    /// was.
-    fn say(&mut self, table: &Table) {
+    /// What was done since the last line, and the delivery latency's quantiles over it.
+    fn take(&mut self) -> Done {
         let now = Counts::read(&self.metrics);
         let did = now.since(self.last);
         self.last = now;
-        let latency = self.metrics.delivery_latency_seconds.take();
+        Done {
+            did,
+            latency: self.metrics.delivery_latency_seconds.take(),
+        }
+    }
+
+    /// The interval's line: what was `done`, or, every `IDLE_EVERY` idle intervals, that
+    /// nothing was.
+    fn say(&mut self, done: Done, table: &Table) {
+        let Done { did, latency } = done;
         let interval = self.settings.interval;
         if did != Counts::default() {
             self.idle_intervals = 0;

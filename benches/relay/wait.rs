@@ -331,7 +331,7 @@ impl Bench {
     async fn burn_down_waited(&self, n: usize, waiters: usize) -> Result<(f64, f64)> {
         self.truncate().await?;
         let fga = self.fga();
-        let relay = self.start_relay(&fga, &[]).await?;
+        let relay = self.start_relay(&fga, &crate::burndown::PAUSED).await?;
         relay.signal(libc::SIGSTOP);
         let c = self.db.connect().await;
         c.execute(

@@ -121,11 +121,10 @@ impl Deliverer {
         if !self.want_read {
             return;
         }
-        let batch = self.core.settings.batch_size.max(1);
-        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
-        if ready >= batch || self.core.queue.len() >= read::AHEAD_PAGES * batch {
+        if !self.queue_has_room() {
             return;
         }
+        let batch = self.core.settings.batch_size.max(1);
         // Rows keep coming while Writes fly: let `--linger` worth of them gather rather than
         // reading a row or two at a time (less CPU per row for the relay and its sessions).
         if !turn.flights.is_empty()
@@ -159,6 +158,14 @@ impl Deliverer {
             }
             Err(e) => turn.fail(e),
         }
+    }
+
+    /// Whether the queue has room for a read: fewer rows ready to go than a read's worth, and
+    /// fewer in all than it holds at most.
+    fn queue_has_room(&self) -> bool {
+        let batch = self.core.settings.batch_size.max(1);
+        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
+        ready < batch && self.core.queue.len() < read::AHEAD_PAGES * batch
     }
 
     /// Counts what a read found, and says from it whether rows come faster than one a poll
@@ -291,6 +298,13 @@ impl Deliverer {
     /// on) and reads once more: a writer that skipped NOTIFY has committed by then.
     pub(super) async fn wait(&mut self, turn: &mut Turn<'_>, controls: &Controls<'_>) {
         if !turn.launching && turn.flights.is_empty() {
+            return;
+        }
+        if turn.launching && self.want_read && turn.flights.is_empty() && self.queue_has_room() {
+            // Rows are wanted since this turn's read (a store left out for a full queue has
+            // room now, its rows marked without a Write), and no Write in flight will wake the
+            // stream for them: read now. Each read either fills the queue a step more or
+            // leaves rows no longer wanted, so this goes round only a few times.
             return;
         }
         if !self.listen_or_poll(turn, controls).await {

@@ -514,3 +514,36 @@ async fn a_burst_larger_than_a_read_on_one_tuple_is_delivered_without_a_sweep() 
         relay.logs()
     );
 }
+
+/// A read whose every row is dead-lettered (none can be decoded) leaves nothing in the queue
+/// and no Write in flight, and the page it read was full: the rows after it are read at once,
+/// not when the stream's next timer (the liveness beat, the sweep: ten minutes here) comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_page_of_rows_all_dead_lettered_is_followed_at_once() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let bad = serde_json::json!({ "writes": "not a list" });
+    let good = writes(&[tk("user:after", "viewer", "document:1")]);
+    let ids: Vec<i64> = admin
+        .query(
+            "INSERT INTO fga_outbox (payload) VALUES ($1), ($1), ($2) RETURNING id",
+            &[&bad, &good],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_BATCH_SIZE", "2"),
+        ("FGA_RELAY_SWEEP_INTERVAL", "600s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(PROMPTLY, "the row after the dead page is delivered", || async {
+        env.row(ids[2]).await.delivered
+    })
+    .await;
+    for &id in &ids[..2] {
+        assert!(env.row(id).await.dead, "relay log:\n{}", relay.logs());
+    }
+}
