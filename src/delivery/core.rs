@@ -28,6 +28,8 @@ pub(super) struct Core {
     pub(super) flying: HashSet<i64>,
     /// Tuples of the Writes in flight (every tuple of their rows), with how many hold each.
     pub(super) in_flight: HashMap<u64, usize>,
+    /// Rows in flight per store (`None`: the configured store).
+    flying_rows: HashMap<Option<Arc<str>>, usize>,
     /// Rows with nothing left to send (a retried row whose every operation is superseded): to
     /// be marked delivered, their tuples blocked until then.
     pub(super) to_mark: Vec<i64>,
@@ -78,6 +80,7 @@ impl Core {
             queue: BTreeMap::new(),
             flying: HashSet::new(),
             in_flight: HashMap::new(),
+            flying_rows: HashMap::new(),
             to_mark: Vec::new(),
             lanes: Lanes::default(),
             window,
@@ -95,6 +98,7 @@ impl Core {
         self.queue.clear();
         self.flying.clear();
         self.in_flight.clear();
+        self.flying_rows.clear();
         self.to_mark.clear();
         self.bars = 0;
     }
@@ -168,6 +172,12 @@ impl Core {
         rows.filter(|(_, c)| c.target.store == *store).count()
     }
 
+    /// How many rows of `store` (`None`: the configured store) are in hand: queued or in
+    /// flight.
+    pub(super) fn in_hand_of(&self, store: &Option<Arc<str>>) -> usize {
+        self.queued_of(store, None) + self.flying_rows.get(store).copied().unwrap_or(0)
+    }
+
     /// The stores with a read's worth of rows queued (`None`: the configured store).
     pub(super) fn full(&self) -> Vec<Option<Arc<str>>> {
         let batch = self.settings.batch_size.max(1);
@@ -232,6 +242,10 @@ impl Core {
             *self.in_flight.entry(*h).or_default() += 1;
         }
         self.flying.extend(plan.ids());
+        *self
+            .flying_rows
+            .entry(plan.target.store.clone())
+            .or_default() += plan.rows.len();
         self.lanes.flying(&plan.target, true);
         self.report.writes += 1;
         let gate = self.lanes.gate(&plan.target);
@@ -255,6 +269,12 @@ impl Core {
         }
         for (c, _) in &plan.rows {
             self.flying.remove(&c.id);
+        }
+        if let Some(n) = self.flying_rows.get_mut(&plan.target.store) {
+            *n = n.saturating_sub(plan.rows.len());
+            if *n == 0 {
+                self.flying_rows.remove(&plan.target.store);
+            }
         }
         self.lanes.flying(&plan.target, false);
     }

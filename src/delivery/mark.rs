@@ -67,16 +67,17 @@ impl Deliverer {
         self.write_back(fx).await
     }
 
-    /// Rows left the queue (a Write landed, rows were marked or dead-lettered without one, a
-    /// row looked at again was gone): each store the last read left out for having a read's
-    /// worth of rows queued that has fewer now has its rows left unread read (no notification
-    /// will say so).
+    /// Rows left the relay's hand (a Write landed, rows were marked or dead-lettered without
+    /// one, a row looked at again was gone): each store the last read left out for having a
+    /// read's worth of rows queued that has fewer in hand now has its rows left unread read (no
+    /// notification will say so). Rows in flight still count: a failing store's Write that
+    /// comes back puts them back in the queue, and a read for them meanwhile would find its
+    /// store held and walk its backlog for nothing.
     pub(super) fn reopen(&mut self) {
         let batch = self.core.settings.batch_size.max(1);
         let before = self.full.len();
         let core = &self.core;
-        self.full
-            .retain(|store| core.queued_of(store, None) >= batch);
+        self.full.retain(|store| core.in_hand_of(store) >= batch);
         if self.full.len() < before {
             self.want_read = true;
         }

@@ -539,9 +539,11 @@ async fn a_full_page_of_rows_all_dead_lettered_is_followed_at_once() {
         ("FGA_RELAY_SWEEP_INTERVAL", "600s"),
     ]);
     relay.wait_for_log("delivering (leader)").await;
-    wait_until(PROMPTLY, "the row after the dead page is delivered", || async {
-        env.row(ids[2]).await.delivered
-    })
+    wait_until(
+        PROMPTLY,
+        "the row after the dead page is delivered",
+        || async { env.row(ids[2]).await.delivered },
+    )
     .await;
     for &id in &ids[..2] {
         assert!(env.row(id).await.dead, "relay log:\n{}", relay.logs());
