@@ -172,6 +172,12 @@ impl Core {
         rows.filter(|(_, c)| c.target.store == *store).count()
     }
 
+    /// Whether the core counts nothing in flight: true whenever no Write is (checked in debug
+    /// builds, so that counts that drift from the Writes show in tests).
+    pub(super) fn nothing_flying(&self) -> bool {
+        self.flying.is_empty() && self.in_flight.is_empty() && self.flying_rows.is_empty()
+    }
+
     /// How many rows of `store` (`None`: the configured store) are in hand: queued or in
     /// flight.
     pub(super) fn in_hand_of(&self, store: &Option<Arc<str>>) -> usize {

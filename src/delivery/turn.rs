@@ -240,6 +240,10 @@ impl Deliverer {
         }
         // Rows marked here, or found gone or dead-lettered by this turn's looks, left the queue.
         self.reopen();
+        debug_assert!(
+            !turn.flights.is_empty() || self.core.nothing_flying(),
+            "rows or tuples counted in flight with no Write in flight"
+        );
     }
 
     pub(super) async fn release_spare(&mut self, turn: &mut Turn<'_>) {
