@@ -71,39 +71,69 @@ impl FgaArgs {
             "--api-url (FGA_API_URL)",
             or_default(&self.api_url, DEFAULT_API_URL),
         )?;
-        let store = match (non_empty(&self.store_id), non_empty(&self.store_name)) {
-            (Some(id), None) => StoreRef::Id(config::check_ulid("--store-id (FGA_STORE_ID)", id)?),
-            (None, Some(name)) => StoreRef::Name(name.to_owned()),
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "--store-id (FGA_STORE_ID)",
-                    "give either a store id or a store name (FGA_STORE_NAME), not both",
-                ));
-            }
-            (None, None) => {
-                return Err(ConfigError::new(
-                    "--store-id (FGA_STORE_ID)",
-                    "is required (or --store-name / FGA_STORE_NAME)",
-                ));
-            }
-        };
+        // In this order, so that the first wrong setting is the one said.
+        let store = self.store()?;
         let model_id = non_empty(&self.model_id)
             .map(|m| config::check_ulid("--model-id (FGA_MODEL_ID)", m))
             .transpose()?;
+        let auth = self.auth()?;
+        let request_timeout = config::parse_positive_duration(
+            "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)",
+            or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT),
+        )?;
+        let max_tuples = MAX_TUPLES_PER_WRITE.resolve(self.max_tuples_per_write.as_deref())?;
+        let max_tuples_per_write = config::parse_count(
+            &max_tuples.setting,
+            max_tuples.value.as_deref().unwrap_or(DEFAULT_MAX_TUPLES),
+            1,
+            100_000,
+        )? as usize;
+        let ca_file = self.ca_file()?;
+        Ok(FgaSettings {
+            api_url,
+            store,
+            model_id,
+            auth,
+            request_timeout,
+            max_tuples_per_write,
+            ca_file,
+        })
+    }
+
+    /// The store, by id or by name: one of the two.
+    fn store(&self) -> Result<StoreRef, ConfigError> {
+        match (non_empty(&self.store_id), non_empty(&self.store_name)) {
+            (Some(id), None) => Ok(StoreRef::Id(config::check_ulid(
+                "--store-id (FGA_STORE_ID)",
+                id,
+            )?)),
+            (None, Some(name)) => Ok(StoreRef::Name(name.to_owned())),
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                "--store-id (FGA_STORE_ID)",
+                "give either a store id or a store name (FGA_STORE_NAME), not both",
+            )),
+            (None, None) => Err(ConfigError::new(
+                "--store-id (FGA_STORE_ID)",
+                "is required (or --store-name / FGA_STORE_NAME)",
+            )),
+        }
+    }
+
+    /// How the relay authenticates to OpenFGA: a preshared key, OIDC client credentials, or
+    /// nothing; never both.
+    fn auth(&self) -> Result<Auth, ConfigError> {
         let api_token =
             API_TOKEN.resolve(self.api_token.as_deref(), self.api_token_file.as_deref())?;
         let client_secret = CLIENT_SECRET.resolve(
             self.client_secret.as_deref(),
             self.client_secret_file.as_deref(),
         )?;
-        let auth = match (non_empty(&api_token), non_empty(&self.client_id)) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "--api-token (FGA_API_TOKEN)",
-                    "give either a preshared key or OIDC client credentials (FGA_CLIENT_ID), not both",
-                ));
-            }
-            (Some(token), None) => Auth::ApiToken(Secret::new(token)),
+        match (non_empty(&api_token), non_empty(&self.client_id)) {
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                "--api-token (FGA_API_TOKEN)",
+                "give either a preshared key or OIDC client credentials (FGA_CLIENT_ID), not both",
+            )),
+            (Some(token), None) => Ok(Auth::ApiToken(Secret::new(token))),
             (None, Some(client_id)) => {
                 let secret = non_empty(&client_secret).ok_or_else(|| {
                     ConfigError::new(
@@ -117,27 +147,20 @@ impl FgaArgs {
                         "is required with FGA_CLIENT_ID",
                     )
                 })?;
-                Auth::ClientCredentials {
+                Ok(Auth::ClientCredentials {
                     client_id: client_id.to_owned(),
                     client_secret: Secret::new(secret),
                     token_issuer: token_endpoint(issuer)?,
                     audience: non_empty(&self.api_audience).map(str::to_owned),
                     scopes: scopes(&self.api_scopes),
-                }
+                })
             }
-            (None, None) => Auth::None,
-        };
-        let request_timeout = config::parse_positive_duration(
-            "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)",
-            or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT),
-        )?;
-        let max_tuples = MAX_TUPLES_PER_WRITE.resolve(self.max_tuples_per_write.as_deref())?;
-        let max_tuples_per_write = config::parse_count(
-            &max_tuples.setting,
-            max_tuples.value.as_deref().unwrap_or(DEFAULT_MAX_TUPLES),
-            1,
-            100_000,
-        )? as usize;
+            (None, None) => Ok(Auth::None),
+        }
+    }
+
+    /// The CA file to trust besides the system's, if given: it must be a readable file.
+    fn ca_file(&self) -> Result<Option<PathBuf>, ConfigError> {
         let ca = CA_FILE.resolve(self.ca_file.as_deref())?;
         let ca_file = ca.value.map(PathBuf::from);
         if let Some(path) = &ca_file
@@ -148,15 +171,7 @@ impl FgaArgs {
                 format!("{} is not a readable file", path.display()),
             ));
         }
-        Ok(FgaSettings {
-            api_url,
-            store,
-            model_id,
-            auth,
-            request_timeout,
-            max_tuples_per_write,
-            ca_file,
-        })
+        Ok(ca_file)
     }
 
     /// The settings read from files (a `_FILE` or a systemd credential), by name.
