@@ -111,6 +111,15 @@ struct Term {
     inherited: Option<SystemTime>,
 }
 
+/// What the daemon keeps from one LISTEN session to the next.
+#[derive(Default)]
+struct Sessions {
+    /// Sessions refused, or lost soon after they opened, in a row: the next try backs off.
+    failures: u32,
+    /// A session was up before: the next one is a reconnection.
+    connected_before: bool,
+}
+
 /// How leading ended.
 enum LeadEnd {
     Shutdown,
@@ -311,8 +320,7 @@ impl Relay {
     ) {
         self.pooler.stops(&shutdown);
         let mut deliverer = self.deliverer();
-        let mut failures = 0u32;
-        let mut connected_before = false;
+        let mut sessions = Sessions::default();
         // What does not heal by itself is said at ERROR, once a minute (see `db::hint`).
         let recurring = &self.problems;
         while !shutdown.is_cancelled() {
@@ -320,33 +328,14 @@ impl Relay {
             let session = match self.connect(true).await {
                 Ok(s) => s,
                 Err(e) => {
-                    if self.pooler.check(&e) {
-                        break;
-                    }
-                    failures += 1;
-                    let wait = RECONNECT_BACKOFF.delay(failures);
-                    let why = self.explain(&e).await;
-                    hint::log(
-                        "cannot open the LISTEN connection",
-                        &why,
-                        Some(wait),
-                        recurring,
-                    );
-                    if !self.nap(wait, &[&shutdown]).await {
+                    if self.pooler.check(&e) || !self.refused(&mut sessions, &e, &shutdown).await {
                         break;
                     }
                     continue;
                 }
             };
             let opened = Instant::now();
-            if connected_before {
-                self.metrics.reconnects.inc();
-                info!("LISTEN connection reconnected");
-            } else {
-                info!("LISTEN connection up");
-            }
-            connected_before = true;
-            self.metrics.listen_connected.set(1);
+            self.announce(&mut sessions);
             listening(Some(session.lost().clone()));
             self.systemd.ready("LISTEN connection up");
 
@@ -370,31 +359,74 @@ impl Relay {
                     // Another relay may deliver while we are away: what we knew about rows
                     // may no longer hold.
                     deliverer.forget();
-                    // A session that fails as soon as it is open (the leader table not found
-                    // under the role's search path, a revoked grant) would otherwise be opened
-                    // again at once, a hundred times a second: back off as for a refused
-                    // connection, until one lasts.
-                    if opened.elapsed() < SHORT_SESSION {
-                        failures += 1;
-                        let wait = RECONNECT_BACKOFF.delay(failures);
-                        if said {
-                            debug!(retry_in = ?wait, "reconnecting");
-                        } else {
-                            warn!(retry_in = ?wait, "LISTEN connection lost soon after it \
-                                opened; reconnecting");
-                        }
-                        if !self.nap(wait, &[&shutdown]).await {
-                            break;
-                        }
-                    } else {
-                        failures = 0;
-                        warn!("LISTEN connection lost; reconnecting");
+                    if !self.lost(&mut sessions, opened, said, &shutdown).await {
+                        break;
                     }
                 }
             }
         }
         self.systemd.stopping();
         info!("relay stopped");
+    }
+
+    /// The LISTEN connection could not be opened: says why, and waits before the next try.
+    /// Returns false when shutdown came meanwhile.
+    async fn refused(
+        &self,
+        sessions: &mut Sessions,
+        e: &tokio_postgres::Error,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        sessions.failures += 1;
+        let wait = RECONNECT_BACKOFF.delay(sessions.failures);
+        let why = self.explain(e).await;
+        hint::log(
+            "cannot open the LISTEN connection",
+            &why,
+            Some(wait),
+            &self.problems,
+        );
+        self.nap(wait, &[shutdown]).await
+    }
+
+    /// A session is up: says so, and counts it if it replaces one.
+    fn announce(&self, sessions: &mut Sessions) {
+        if sessions.connected_before {
+            self.metrics.reconnects.inc();
+            info!("LISTEN connection reconnected");
+        } else {
+            info!("LISTEN connection up");
+        }
+        sessions.connected_before = true;
+        self.metrics.listen_connected.set(1);
+    }
+
+    /// The session opened at `opened` was lost (`said`: on an error already logged with its
+    /// cause). A session that fails as soon as it is open (the leader table not found under the
+    /// role's search path, a revoked grant) would otherwise be opened again at once, a hundred
+    /// times a second: it backs off as for a refused connection, until one lasts. Returns
+    /// false when shutdown came meanwhile.
+    async fn lost(
+        &self,
+        sessions: &mut Sessions,
+        opened: Instant,
+        said: bool,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        if opened.elapsed() >= SHORT_SESSION {
+            sessions.failures = 0;
+            warn!("LISTEN connection lost; reconnecting");
+            return true;
+        }
+        sessions.failures += 1;
+        let wait = RECONNECT_BACKOFF.delay(sessions.failures);
+        if said {
+            debug!(retry_in = ?wait, "reconnecting");
+        } else {
+            warn!(retry_in = ?wait, "LISTEN connection lost soon after it \
+                opened; reconnecting");
+        }
+        self.nap(wait, &[shutdown]).await
     }
 
     /// Waits until this relay holds leadership. Ok(None) on shutdown, Err on a lost session
