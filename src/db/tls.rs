@@ -288,18 +288,7 @@ pub fn configure(params: &TlsParams, unix_only: bool) -> Result<PgTls, ConfigErr
         (None, Some("system")) => SslMode::VerifyFull,
         (None, _) => SslMode::Prefer,
     };
-    match params.gssencmode.as_deref() {
-        None | Some("disable" | "prefer") => {}
-        Some(other) => {
-            return Err(ConfigError::new(
-                SETTING,
-                format!(
-                    "gssencmode={other:?}: fga-relay does not do GSSAPI encryption (use \
-                     gssencmode=disable, and sslmode for TLS)"
-                ),
-            ));
-        }
-    }
+    check_gssencmode(params)?;
     let provider = provider();
     if unix_only || mode == SslMode::Disable {
         return Ok(PgTls {
@@ -324,7 +313,35 @@ pub fn configure(params: &TlsParams, unix_only: bool) -> Result<PgTls, ConfigErr
             ),
         ));
     }
-    let roots = match root {
+    let verifier = verifier(mode, roots(mode, root)?, &provider)?;
+    let client_cert = client_cert(params)?;
+    let sni = sni(params)?;
+    Ok(PgTls {
+        mode: match mode {
+            SslMode::Allow | SslMode::Prefer => PgSslMode::Prefer,
+            _ => PgSslMode::Require,
+        },
+        connector: MakeRustlsConnect::new(client_config(&provider, verifier, client_cert, sni)?),
+    })
+}
+
+/// GSSAPI encryption is not done: only `gssencmode` disable or prefer (which falls back) pass.
+fn check_gssencmode(params: &TlsParams) -> Result<(), ConfigError> {
+    match params.gssencmode.as_deref() {
+        None | Some("disable" | "prefer") => Ok(()),
+        Some(other) => Err(ConfigError::new(
+            SETTING,
+            format!(
+                "gssencmode={other:?}: fga-relay does not do GSSAPI encryption (use \
+                 gssencmode=disable, and sslmode for TLS)"
+            ),
+        )),
+    }
+}
+
+/// The root certificates to verify the server with (`root`: sslrootcert), if any.
+fn roots(mode: SslMode, root: Option<&str>) -> Result<Option<RootCertStore>, ConfigError> {
+    Ok(match root {
         Some("system") => Some(system_roots()?),
         Some(path) => Some(file_roots(Path::new(path))?),
         None => match default_root_file().filter(|p| p.is_file()) {
@@ -342,8 +359,16 @@ pub fn configure(params: &TlsParams, unix_only: bool) -> Result<PgTls, ConfigErr
             }
             None => None,
         },
-    };
-    let verifier: Arc<dyn ServerCertVerifier> = match (mode, roots) {
+    })
+}
+
+/// How the server's certificate is checked, as `mode` asks, with `roots`.
+fn verifier(
+    mode: SslMode,
+    roots: Option<RootCertStore>,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>, ConfigError> {
+    Ok(match (mode, roots) {
         (SslMode::VerifyFull, Some(roots)) => {
             rustls::client::WebPkiServerVerifier::builder_with_provider(
                 Arc::new(roots),
@@ -359,34 +384,31 @@ pub fn configure(params: &TlsParams, unix_only: bool) -> Result<PgTls, ConfigErr
             roots: roots.map(Arc::new),
             provider: provider.clone(),
         }),
-    };
-    let client_cert = match (params.sslcert.as_deref(), params.sslkey.as_deref()) {
-        (None, None) => None,
-        (Some(cert), Some(key)) => Some(client_identity(Path::new(cert), Path::new(key))?),
-        _ => {
-            return Err(ConfigError::new(
-                SETTING,
-                "sslcert and sslkey go together: give both, or neither",
-            ));
-        }
-    };
-    let sni = match params.sslsni.as_deref() {
-        None | Some("1") => true,
-        Some("0") => false,
-        Some(other) => {
-            return Err(ConfigError::new(
-                SETTING,
-                format!("sslsni={other:?} is neither 0 nor 1"),
-            ));
-        }
-    };
-    Ok(PgTls {
-        mode: match mode {
-            SslMode::Allow | SslMode::Prefer => PgSslMode::Prefer,
-            _ => PgSslMode::Require,
-        },
-        connector: MakeRustlsConnect::new(client_config(&provider, verifier, client_cert, sni)?),
     })
+}
+
+/// The client certificate and key (sslcert, sslkey), which go together.
+fn client_cert(params: &TlsParams) -> Result<Option<ClientIdentity>, ConfigError> {
+    match (params.sslcert.as_deref(), params.sslkey.as_deref()) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some(client_identity(Path::new(cert), Path::new(key))?)),
+        _ => Err(ConfigError::new(
+            SETTING,
+            "sslcert and sslkey go together: give both, or neither",
+        )),
+    }
+}
+
+/// Whether to send the host name in the TLS handshake (sslsni, on by default).
+fn sni(params: &TlsParams) -> Result<bool, ConfigError> {
+    match params.sslsni.as_deref() {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(other) => Err(ConfigError::new(
+            SETTING,
+            format!("sslsni={other:?} is neither 0 nor 1"),
+        )),
+    }
 }
 
 /// The crypto provider: aws-lc-rs, the one reqwest uses too, installed as the process default
