@@ -73,6 +73,22 @@ pub struct Metrics {
     pub request_duration_seconds: Family<OutcomeLabel, Histogram>,
 }
 
+/// Always 1, with the version and git revision as labels.
+fn register_build_info(r: &mut Registry) {
+    let build_info: Family<BuildLabels, Gauge> = Family::default();
+    build_info
+        .get_or_create(&BuildLabels {
+            version: crate::build_info::VERSION,
+            revision: crate::build_info::REVISION,
+        })
+        .set(1);
+    r.register(
+        "build_info",
+        "Always 1; the labels say which version and git revision of fga-relay runs",
+        build_info,
+    );
+}
+
 impl Metrics {
     /// Creates the metrics and registers them in `registry` under `fga_relay_`, with the label
     /// `table` (the outbox table as `schema.name`), beside the process metrics.
@@ -109,131 +125,145 @@ impl Metrics {
             .sub_registry_with_label(("table".into(), table.to_owned().into()));
         // Before the first count, nothing has failed.
         m.table_count_ok.set(1);
-        let build_info: Family<BuildLabels, Gauge> = Family::default();
-        build_info
-            .get_or_create(&BuildLabels {
-                version: crate::build_info::VERSION,
-                revision: crate::build_info::REVISION,
-            })
-            .set(1);
-        r.register(
-            "build_info",
-            "Always 1; the labels say which version and git revision of fga-relay runs",
-            build_info,
-        );
+        register_build_info(r);
+        m.register_delivery(r);
+        m.register_table(r);
+        m.register_session(r);
+        m.register_timings(r);
+        m.zero_series();
+        m
+    }
+
+    /// What delivery did: rows, tuples, Writes, failures, rows given up on.
+    fn register_delivery(&self, r: &mut Registry) {
         r.register(
             "rows_delivered",
             "Outbox rows delivered to OpenFGA",
-            m.rows_delivered.clone(),
+            self.rows_delivered.clone(),
         );
         r.register(
             "tuples_delivered",
             "Tuple operations OpenFGA accepted",
-            m.tuples_delivered.clone(),
+            self.tuples_delivered.clone(),
         );
         r.register(
             "writes",
             "Write requests sent to OpenFGA",
-            m.writes_sent.clone(),
+            self.writes_sent.clone(),
         );
         r.register(
             "failed_attempts",
             "Failed Write attempts, by class (transient, permanent, configuration)",
-            m.failed_attempts.clone(),
+            self.failed_attempts.clone(),
         );
         r.register(
             "rows_dead_lettered",
             "Rows the relay gave up on (failed_at set)",
-            m.rows_dead_lettered.clone(),
+            self.rows_dead_lettered.clone(),
         );
+    }
+
+    /// What the table holds, at the last scrape, and the store written to.
+    fn register_table(&self, r: &mut Registry) {
         r.register(
             "pending_rows",
             "Rows waiting for delivery (at the last scrape)",
-            m.pending_rows.clone(),
+            self.pending_rows.clone(),
         );
         r.register(
             "dead_rows",
             "Dead-lettered rows in the table now, whichever process dead-lettered them \
              (at the last scrape)",
-            m.dead_rows.clone(),
+            self.dead_rows.clone(),
         );
         r.register(
             "oldest_pending_age_seconds",
             "Age of the oldest pending row (0 when none; at the last scrape)",
-            m.oldest_pending_age_seconds.clone(),
+            self.oldest_pending_age_seconds.clone(),
         );
         r.register(
             "table_count_ok",
             "1 when the last count of the table (pending_rows, dead_rows, \
              oldest_pending_age_seconds) succeeded; 0 when it failed, and they show the last \
              values counted",
-            m.table_count_ok.clone(),
+            self.table_count_ok.clone(),
         );
         r.register(
             "store_info",
             "Always 1; the label says which OpenFGA store the relay writes to (its id, once \
              known)",
-            m.store_info.clone(),
+            self.store_info.clone(),
         );
+    }
+
+    /// The relay's connection, role, window and wake-ups.
+    fn register_session(&self, r: &mut Registry) {
         r.register(
             "listen_connected",
             "1 while the dedicated LISTEN connection is up",
-            m.listen_connected.clone(),
+            self.listen_connected.clone(),
         );
         r.register(
             "leader",
             "1 while this relay is the one delivering (the others are standbys)",
-            m.leader.clone(),
+            self.leader.clone(),
         );
         r.register(
             "write_window",
             "Writes the relay lets be in flight at once now: halved on 429, 5xx and timeouts, \
              grown back while Writes succeed, up to --max-in-flight",
-            m.write_window.clone(),
+            self.write_window.clone(),
         );
         r.register(
             "writes_in_flight",
             "Writes sent and not yet answered",
-            m.writes_in_flight.clone(),
+            self.writes_in_flight.clone(),
         );
         r.register(
             "listen_reconnects",
             "Times the LISTEN connection was lost and made again",
-            m.reconnects.clone(),
+            self.reconnects.clone(),
         );
         r.register(
             "sweep_found_rows",
             "Rows delivered by the periodic sweep rather than after a notification \
              (a sign notifications are being lost)",
-            m.sweep_found_rows.clone(),
+            self.sweep_found_rows.clone(),
         );
         r.register(
             "notifications",
             "Notifications received on the LISTEN connection",
-            m.notifications.clone(),
+            self.notifications.clone(),
         );
+    }
+
+    /// How long rows and Writes took.
+    fn register_timings(&self, r: &mut Registry) {
         r.register(
             "delivery_latency_seconds",
             "Time from a row's created_at to OpenFGA accepting it",
-            m.delivery_latency_seconds.clone(),
+            self.delivery_latency_seconds.clone(),
         );
         r.register(
             "openfga_request_duration_seconds",
             "Duration of Write requests to OpenFGA, by outcome (ok, transient, permanent, \
              configuration)",
-            m.request_duration_seconds.clone(),
+            self.request_duration_seconds.clone(),
         );
-        // Every class from the start, so that dashboards see zeros rather than no series.
+    }
+
+    /// Every class and outcome from the start, so that dashboards see zeros rather than no
+    /// series.
+    fn zero_series(&self) {
         for class in ["transient", "permanent", "configuration"] {
-            let _ = m.failed_attempts.get_or_create(&ClassLabel { class });
-            let _ = m
+            let _ = self.failed_attempts.get_or_create(&ClassLabel { class });
+            let _ = self
                 .request_duration_seconds
                 .get_or_create(&OutcomeLabel { outcome: class });
         }
-        let _ = m
+        let _ = self
             .request_duration_seconds
             .get_or_create(&OutcomeLabel { outcome: "ok" });
-        m
     }
 
     /// Metrics registered nowhere, for code paths that do not export them (commands, tests).
