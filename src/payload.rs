@@ -8,9 +8,10 @@
 //! its `TupleKey` and `RelationshipCondition` messages), each check naming the rule it mirrors:
 //! checking them here is never stricter than the server.
 
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -131,7 +132,116 @@ enum Node<'a> {
     Number,
     String(String),
     Array(Vec<&'a RawValue>),
-    Object(BTreeMap<String, &'a RawValue>),
+    Object(Members<'a>),
+}
+
+/// An object's members, one level deep, with their keys borrowed from the text where they hold
+/// no escapes: the relay reads thousands of rows a second, and owning each key cost it an
+/// allocation a field.
+struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Members<'a> {
+    /// The value of `key`; the last one where a document repeats it, as a JSON parser that
+    /// keeps one value a key does (jsonb keeps the last).
+    fn get(&self, key: &str) -> Option<&&'a RawValue> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Each;
+        impl<'de> Visitor<'de> for Each {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Members<'de>, M::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4));
+                while let Some(Key(k)) = map.next_key()? {
+                    members.push((k, map.next_value()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Each)
+    }
+}
+
+/// An object's key: borrowed from the text unless it holds an escape.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl<'de> Visitor<'de> for Text {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(Text)
+    }
+}
+
+/// Where a value is in the payload (`writes[3].condition.name`), for the reason a row is
+/// refused: written out only when one is, not for every field of every row read.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    parent: Option<&'a At<'a>>,
+    step: Step<'a>,
+}
+
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+impl<'a> At<'a> {
+    /// A top-level key.
+    fn top(key: &'a str) -> At<'a> {
+        At {
+            parent: None,
+            step: Step::Key(key),
+        }
+    }
+
+    fn key(&'a self, key: &'a str) -> At<'a> {
+        At {
+            parent: Some(self),
+            step: Step::Key(key),
+        }
+    }
+
+    fn index(&'a self, i: usize) -> At<'a> {
+        At {
+            parent: Some(self),
+            step: Step::Index(i),
+        }
+    }
+}
+
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(parent) = self.parent {
+            parent.fmt(f)?;
+        }
+        match (self.step, self.parent) {
+            (Step::Key(k), None) => f.write_str(k),
+            (Step::Key(k), Some(_)) => write!(f, ".{k}"),
+            (Step::Index(i), _) => write!(f, "[{i}]"),
+        }
+    }
 }
 
 impl<'a> Node<'a> {
@@ -160,7 +270,7 @@ impl<'a> Node<'a> {
 }
 
 /// Reads the value at `path`; `None` for an absent key or `null`.
-fn node<'a>(path: &str, raw: Option<&&'a RawValue>) -> Result<Option<Node<'a>>, PayloadError> {
+fn node<'a>(path: At<'_>, raw: Option<&&'a RawValue>) -> Result<Option<Node<'a>>, PayloadError> {
     let Some(raw) = raw else { return Ok(None) };
     match Node::read(raw) {
         Ok(Node::Null) => Ok(None),
@@ -198,7 +308,7 @@ fn parse_id(
     raw: Option<&&RawValue>,
     empty_is_none: bool,
 ) -> Result<Option<Arc<str>>, PayloadError> {
-    match node(field, raw)? {
+    match node(At::top(field), raw)? {
         None => Ok(None),
         Some(Node::String(s)) if s.is_empty() && empty_is_none => Ok(None),
         Some(Node::String(s)) if is_openfga_id(&s) => Ok(Some(s.into())),
@@ -241,10 +351,15 @@ impl Payload {
     /// Checks a payload as stored in the outbox, from its JSON text (`payload::text`). Never
     /// panics, whatever the text: a document that cannot be read is an error that says why.
     pub fn parse_text(text: &str) -> Result<Payload, PayloadError> {
-        let raw: &RawValue =
-            serde_json::from_str(text).map_err(|e| bad(format!("the payload is not JSON: {e}")))?;
-        let top = Node::read(raw).map_err(|e| bad(format!("the payload cannot be read: {e}")))?;
-        let Node::Object(obj) = top else {
+        let not_json = |e: serde_json::Error| bad(format!("the payload is not JSON: {e}"));
+        // An object (every row the relay can deliver) is read, and checked to be JSON, in one
+        // walk of the text; anything else is checked to be JSON first, to say what it is.
+        let obj = if text.trim_start().starts_with('{') {
+            serde_json::from_str::<Members>(text).map_err(not_json)?
+        } else {
+            let raw: &RawValue = serde_json::from_str(text).map_err(not_json)?;
+            let top =
+                Node::read(raw).map_err(|e| bad(format!("the payload cannot be read: {e}")))?;
             return Err(bad(format!(
                 "expected a JSON object with \"writes\" and/or \"deletes\", found {}",
                 top.type_name()
@@ -252,7 +367,8 @@ impl Payload {
         };
         let mut ops = Vec::new();
         for (field, is_write) in [("writes", true), ("deletes", false)] {
-            let items = match node(field, obj.get(field))? {
+            let list = At::top(field);
+            let items = match node(list, obj.get(field))? {
                 None => continue,
                 Some(Node::Array(items)) => items,
                 Some(other) => {
@@ -263,8 +379,7 @@ impl Payload {
                 }
             };
             for (i, item) in items.into_iter().enumerate() {
-                let path = format!("{field}[{i}]");
-                ops.push(parse_op(&path, item, is_write)?);
+                ops.push(parse_op(list.index(i), item, is_write)?);
             }
         }
         if ops.is_empty() {
@@ -298,7 +413,7 @@ impl Payload {
     }
 }
 
-fn parse_op(path: &str, item: &RawValue, is_write: bool) -> Result<Op, PayloadError> {
+fn parse_op(path: At<'_>, item: &RawValue, is_write: bool) -> Result<Op, PayloadError> {
     let obj = match node(path, Some(&item))? {
         Some(Node::Object(obj)) => obj,
         other => {
@@ -309,8 +424,8 @@ fn parse_op(path: &str, item: &RawValue, is_write: bool) -> Result<Op, PayloadEr
         }
     };
     let field = |name: &str| -> Result<String, PayloadError> {
-        let at = format!("{path}.{name}");
-        match node(&at, obj.get(name))? {
+        let at = path.key(name);
+        match node(at, obj.get(name))? {
             None => Err(bad(format!("{at} is missing"))),
             Some(Node::String(s)) if s.is_empty() => Err(bad(format!("{at} is empty"))),
             Some(Node::String(s)) => Ok(s),
@@ -350,11 +465,11 @@ fn parse_op(path: &str, item: &RawValue, is_write: bool) -> Result<Op, PayloadEr
         // OpenFGA ignores a condition on a delete; so does the relay.
         return Ok(Op::Delete { key });
     }
-    let at = format!("{path}.condition");
-    let condition = match node(&at, obj.get("condition"))? {
+    let at = path.key("condition");
+    let condition = match node(at, obj.get("condition"))? {
         None => None,
         Some(Node::Object(c)) => {
-            let name = match node(&format!("{at}.name"), c.get("name"))? {
+            let name = match node(at.key("name"), c.get("name"))? {
                 Some(Node::String(s)) => s,
                 None => return Err(bad(format!("{at}.name is missing"))),
                 Some(other) => {
@@ -367,7 +482,7 @@ fn parse_op(path: &str, item: &RawValue, is_write: bool) -> Result<Op, PayloadEr
             check_no_space_len(path, "condition.name", &name)?;
             let context = match c.get("context") {
                 None => Map::new(),
-                Some(raw) => parse_context(&at, raw)?,
+                Some(raw) => parse_context(at, raw)?,
             };
             Some(Condition { name, context })
         }
@@ -384,7 +499,7 @@ fn parse_op(path: &str, item: &RawValue, is_write: bool) -> Result<Op, PayloadEr
 /// The condition context, a `google.protobuf.Struct` for OpenFGA: an object (or null for none).
 /// It is sent on, so it is decoded in full; a number beyond a double (which OpenFGA refuses
 /// too) or nesting deeper than 128 levels makes the row undeliverable, with that reason.
-fn parse_context(at: &str, raw: &RawValue) -> Result<Map<String, Value>, PayloadError> {
+fn parse_context(at: At<'_>, raw: &RawValue) -> Result<Map<String, Value>, PayloadError> {
     match serde_json::from_str::<Value>(raw.get()) {
         Ok(Value::Null) => Ok(Map::new()),
         Ok(Value::Object(m)) => Ok(m),
@@ -394,7 +509,7 @@ fn parse_context(at: &str, raw: &RawValue) -> Result<Map<String, Value>, Payload
 }
 
 /// OpenFGA's `^[^\s]{2,256}$` rule for `TupleKey.object` and `RelationshipCondition.name`.
-fn check_no_space_len(path: &str, name: &str, s: &str) -> Result<(), PayloadError> {
+fn check_no_space_len(path: At<'_>, name: &str, s: &str) -> Result<(), PayloadError> {
     let n = s.chars().count();
     if !(MIN_OBJECT_CHARS..=MAX_OBJECT_CHARS).contains(&n) || s.chars().any(is_re2_space) {
         return Err(bad(format!(
@@ -427,6 +542,16 @@ mod tests {
             p.ops[0].key().to_string(),
             "archive:3a4cb75c#parent@capture_job:7f170ae4"
         );
+    }
+
+    #[test]
+    fn keys_written_with_escapes_are_the_same_keys() {
+        let p = Payload::parse_text(
+            r#"{"wr\u0069tes": [{"\u0075ser": "user:a", "relation": "viewer",
+                "object": "document:1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.ops[0].key().to_string(), "document:1#viewer@user:a");
     }
 
     #[test]
