@@ -262,10 +262,14 @@ impl Bench {
             .burn_with(rows, &format!("{tag}b"), fga, &[("FGA_API_URL", base)])
             .await?;
         relay.print("relay burn-down");
+        let per_1000 = |secs: f64| secs * 1e6 / relay.tuples.max(1) as f64;
         println!(
-            "    the relay's own cost: {:.1} ms of CPU per 1,000 tuples (the relay, its sessions \
-             and the rest of the outbox's PostgreSQL)",
-            relay.cost_ms_per_1000()
+            "    the relay's own cost: {:.1} ms of CPU per 1,000 tuples: the relay {:.1}, its \
+             sessions {:.1}, the rest of the outbox's PostgreSQL {:.1}",
+            relay.cost_ms_per_1000(),
+            per_1000(relay.cpu.relay),
+            per_1000(relay.cpu.relay_pg),
+            per_1000(relay.cpu.pg_other.max(0.0))
         );
         let after = bare(http, &write_url, &format!("{tag}d"), rows, DEFAULT_WINDOW).await?;
         println!(
