@@ -351,19 +351,15 @@ impl Payload {
     /// Checks a payload as stored in the outbox, from its JSON text (`payload::text`). Never
     /// panics, whatever the text: a document that cannot be read is an error that says why.
     pub fn parse_text(text: &str) -> Result<Payload, PayloadError> {
-        let not_json = |e: serde_json::Error| bad(format!("the payload is not JSON: {e}"));
         // An object (every row the relay can deliver) is read, and checked to be JSON, in one
-        // walk of the text; anything else is checked to be JSON first, to say what it is.
-        let obj = if text.trim_start().starts_with('{') {
-            serde_json::from_str::<Members>(text).map_err(not_json)?
-        } else {
-            let raw: &RawValue = serde_json::from_str(text).map_err(not_json)?;
-            let top =
-                Node::read(raw).map_err(|e| bad(format!("the payload cannot be read: {e}")))?;
-            return Err(bad(format!(
-                "expected a JSON object with \"writes\" and/or \"deletes\", found {}",
-                top.type_name()
-            )));
+        // walk of the text; anything else, and an object that cannot be read, is looked at
+        // again step by step, to say what is wrong with it.
+        let members = text.trim_start().starts_with('{');
+        let Some(obj) = members
+            .then(|| serde_json::from_str::<Members>(text).ok())
+            .flatten()
+        else {
+            return Err(refusal(text));
         };
         let mut ops = Vec::new();
         for (field, is_write) in [("writes", true), ("deletes", false)] {
@@ -410,6 +406,24 @@ impl Payload {
             store,
             model,
         })
+    }
+}
+
+/// Why a payload that is not a readable JSON object is refused: text that is not JSON, a value
+/// whose parts cannot be decoded (an escape that is no character), or a value of another type.
+fn refusal(text: &str) -> PayloadError {
+    let raw: &RawValue = match serde_json::from_str(text) {
+        Ok(raw) => raw,
+        Err(e) => return bad(format!("the payload is not JSON: {e}")),
+    };
+    match Node::read(raw) {
+        Err(e) => bad(format!("the payload cannot be read: {e}")),
+        // Not reached: an object read here was read above.
+        Ok(Node::Object(_)) => bad("the payload cannot be read"),
+        Ok(top) => bad(format!(
+            "expected a JSON object with \"writes\" and/or \"deletes\", found {}",
+            top.type_name()
+        )),
     }
 }
 
