@@ -71,6 +71,10 @@ pub(crate) struct Args {
     /// Rows (2 tuples each) of each burn-down of the stores scenario [100000; smoke 2000].
     #[arg(long)]
     pub(crate) stores_backlog: Option<usize>,
+    /// Relay burn-downs in each of the real scenario's two settings, each between two of the bare
+    /// client's ceilings; the ratio is the median of theirs [3; smoke 1].
+    #[arg(long)]
+    pub(crate) real_rounds: Option<usize>,
     /// CPUs' worth of time per period OpenFGA and its PostgreSQL get in the real scenario's
     /// confined runs (a cgroup's CPU quota, over a period of 100 ms) [1.2].
     #[arg(long, value_parser = parse_cpus)]
@@ -169,6 +173,8 @@ pub(crate) struct Sizes {
     pub(crate) idle_seconds: u64,
     /// Rows (2 tuples each) of the real-OpenFGA scenario's burn-downs.
     pub(crate) real_backlog: usize,
+    /// Relay burn-downs in each setting of the real scenario.
+    pub(crate) real_rounds: usize,
     /// Stores the stores scenario spreads its rows over, and its rows.
     pub(crate) stores: usize,
     pub(crate) stores_backlog: usize,
@@ -231,6 +237,7 @@ impl Sizes {
             wait_timeout_seconds: if s { 1 } else { 5 },
             idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
             real_backlog: if s { 500 } else { 20_000 },
+            real_rounds: a.real_rounds.unwrap_or(if s { 1 } else { 3 }).max(1),
             stores: a.stores.unwrap_or(if s { 20 } else { 1_000 }).max(1),
             stores_backlog: a
                 .stores_backlog

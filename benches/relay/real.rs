@@ -3,10 +3,11 @@
 //!
 //! - The ceiling: a bare client sending the relay's Writes (100 tuples of the burn-down's rows)
 //!   straight to OpenFGA, with as many in flight as the relay's default window, no outbox;
-//!   measured before and after the relay's burn-down, which also talks to OpenFGA directly.
-//! - The relay's burn-down of the same tuples, as a ratio of the two ceilings' mean, and the
-//!   relay's own cost: the CPU of the relay, its sessions and the rest of the outbox's
-//!   PostgreSQL per 1,000 tuples.
+//!   measured before and after each of the relay's burn-downs (`--real-rounds`), which also
+//!   talk to OpenFGA directly.
+//! - The relay's burn-downs of the same tuples, each as a ratio of the mean of the ceilings on
+//!   either side of it, and the median of those; the relay's own cost: the CPU of the relay,
+//!   its sessions and the rest of the outbox's PostgreSQL per 1,000 tuples.
 //! - The same again with OpenFGA and its PostgreSQL held to a CPU quota (`--fga-cpus`, a
 //!   cgroup: `cgroup.rs`), the relay, the outbox's PostgreSQL and the bare client outside it:
 //!   what the relay's side takes from the machine's CPUs then cannot slow OpenFGA down, and
@@ -23,7 +24,7 @@ use crate::common::fga::Fga;
 use crate::cpu::loadavg;
 use crate::harness::Bench;
 use crate::real_latency::{LATENCY_CONFIGS, RealLatency};
-use crate::stats::Dist;
+use crate::stats::{Dist, median};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -54,22 +55,61 @@ impl Bare {
     }
 }
 
-/// The ceiling before and after the relay's burn-down of the same number of rows.
+/// The bare client's ceiling and the relay's burn-downs of as many rows, in turn: ceiling, relay,
+/// ceiling, relay, …, ceiling. Each burn-down is set against the mean of the two ceilings on
+/// either side of it, and the ratio is the median of those: OpenFGA's speed drifts over a run
+/// (its tables grow, its autovacuum comes and goes), by up to 16% between two ceilings a
+/// burn-down apart, as much as the gap to the target.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Ceiling {
-    pub(crate) before: Bare,
-    pub(crate) relay: BurnDown,
-    pub(crate) after: Bare,
+    /// One more than `relays`.
+    pub(crate) ceilings: Vec<Bare>,
+    pub(crate) relays: Vec<BurnDown>,
 }
 
 impl Ceiling {
-    pub(crate) fn tuples_per_s(&self) -> f64 {
-        (self.before.tuples_per_s() + self.after.tuples_per_s()) / 2.0
+    /// Each burn-down's tuples/s over the mean of the ceilings on either side of it.
+    pub(crate) fn ratios(&self) -> Vec<f64> {
+        self.ceilings
+            .windows(2)
+            .zip(&self.relays)
+            .map(|(c, r)| r.tuples_per_s() / ((c[0].tuples_per_s() + c[1].tuples_per_s()) / 2.0))
+            .collect()
     }
 
-    /// The relay's burn-down as a share of the two ceilings' mean.
+    /// The median of [`Ceiling::ratios`].
     pub(crate) fn ratio(&self) -> f64 {
-        self.relay.tuples_per_s() / self.tuples_per_s()
+        median(self.ratios())
+    }
+
+    /// The burn-down whose ratio is the median one (the lower of the middle two when even).
+    pub(crate) fn median_relay(&self) -> Option<&BurnDown> {
+        let ratios = self.ratios();
+        let mut order: Vec<usize> = (0..ratios.len()).collect();
+        order.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
+        let middle = order.get(order.len().saturating_sub(1) / 2)?;
+        self.relays.get(*middle)
+    }
+
+    /// The median of the burn-downs' costs per 1,000 tuples.
+    pub(crate) fn cost_ms_per_1000(&self) -> f64 {
+        median(self.relays.iter().map(BurnDown::cost_ms_per_1000).collect())
+    }
+
+    /// The ceilings' tuples/s, in the order measured, for a table cell.
+    pub(crate) fn ceilings_line(&self) -> String {
+        let all: Vec<String> = self
+            .ceilings
+            .iter()
+            .map(|c| format!("{:.0}", c.tuples_per_s()))
+            .collect();
+        all.join(" / ")
+    }
+
+    /// The ratios, in the order measured, for a table cell.
+    pub(crate) fn ratios_line(&self) -> String {
+        let all: Vec<String> = self.ratios().iter().map(|r| format!("{r:.3}")).collect();
+        all.join(", ")
     }
 }
 
@@ -202,14 +242,18 @@ impl Bench {
         datastore.connect().await.batch_execute("ANALYZE").await?;
 
         println!("everything on the machine's CPUs alike:");
-        let open = self.ceiling(&fga, &http, "r", rows).await?;
+        let open = self
+            .ceiling(&fga, &http, "r", rows, sizes.real_rounds)
+            .await?;
         println!(
             "with OpenFGA and its PostgreSQL held to {} CPUs (the relay, the outbox's PostgreSQL \
              and the bare client outside):",
             sizes.fga_cpus
         );
         let confined = match CpuQuota::create(sizes.fga_cpus) {
-            Ok(quota) => Ok(self.confined(&fga, &http, rows, quota).await?),
+            Ok(quota) => Ok(self
+                .confined(&fga, &http, rows, sizes.real_rounds, quota)
+                .await?),
             Err(e) => {
                 println!("  not measured: no cgroup for the quota: {e:#}");
                 Err(format!("{e:#}"))
@@ -240,49 +284,63 @@ impl Bench {
         })
     }
 
-    /// The bare client's ceiling, the relay's burn-down of as many rows, the ceiling again; both
-    /// straight to OpenFGA. `tag` keeps each run's tuples apart.
+    /// The bare client's ceiling and `rounds` burn-downs of the relay of as many rows in turn,
+    /// ending with a ceiling; all straight to OpenFGA. `tag` keeps each run's tuples apart.
     async fn ceiling(
         &self,
         fga: &Fga,
         http: &reqwest::Client,
         tag: &str,
         rows: usize,
+        rounds: usize,
     ) -> Result<Ceiling> {
         let base = fga.direct_url();
         let write_url = format!("{base}/stores/{}/write", fga.store_id());
-        let before = bare(http, &write_url, &format!("{tag}c"), rows, DEFAULT_WINDOW).await?;
-        println!(
-            "  ceiling, bare client, {DEFAULT_WINDOW} in flight: {:.0} tuples/s; Write {}",
-            before.tuples_per_s(),
-            before.write.line()
-        );
-        self.truncate().await?;
-        let relay = self
-            .burn_with(rows, &format!("{tag}b"), fga, &[("FGA_API_URL", base)])
+        let mut c = Ceiling::default();
+        for round in 0..=rounds {
+            let bare = bare(
+                http,
+                &write_url,
+                &format!("{tag}c{round}"),
+                rows,
+                DEFAULT_WINDOW,
+            )
             .await?;
-        relay.print("relay burn-down");
-        let per_1000 = |secs: f64| secs * 1e6 / relay.tuples.max(1) as f64;
+            println!(
+                "  ceiling, bare client, {DEFAULT_WINDOW} in flight: {:.0} tuples/s; Write {}",
+                bare.tuples_per_s(),
+                bare.write.line()
+            );
+            c.ceilings.push(bare);
+            if round == rounds {
+                break;
+            }
+            self.truncate().await?;
+            let relay = self
+                .burn_with(
+                    rows,
+                    &format!("{tag}b{round}"),
+                    fga,
+                    &[("FGA_API_URL", base)],
+                )
+                .await?;
+            relay.print("relay burn-down");
+            let per_1000 = |secs: f64| secs * 1e6 / relay.tuples.max(1) as f64;
+            println!(
+                "    the relay's own cost: {:.1} ms of CPU per 1,000 tuples: the relay {:.1}, its \
+                 sessions {:.1}, the rest of the outbox's PostgreSQL {:.1}",
+                relay.cost_ms_per_1000(),
+                per_1000(relay.cpu.relay),
+                per_1000(relay.cpu.relay_pg),
+                per_1000(relay.cpu.pg_other.max(0.0))
+            );
+            c.relays.push(relay);
+        }
         println!(
-            "    the relay's own cost: {:.1} ms of CPU per 1,000 tuples: the relay {:.1}, its \
-             sessions {:.1}, the rest of the outbox's PostgreSQL {:.1}",
-            relay.cost_ms_per_1000(),
-            per_1000(relay.cpu.relay),
-            per_1000(relay.cpu.relay_pg),
-            per_1000(relay.cpu.pg_other.max(0.0))
+            "  relay / the ceilings on either side: {}; median {:.3}",
+            c.ratios_line(),
+            c.ratio()
         );
-        let after = bare(http, &write_url, &format!("{tag}d"), rows, DEFAULT_WINDOW).await?;
-        println!(
-            "  ceiling again: {:.0} tuples/s; Write {}",
-            after.tuples_per_s(),
-            after.write.line()
-        );
-        let c = Ceiling {
-            before,
-            relay,
-            after,
-        };
-        println!("  relay / ceilings' mean: {:.3}", c.ratio());
         Ok(c)
     }
 
@@ -294,6 +352,7 @@ impl Bench {
         fga: &Fga,
         http: &reqwest::Client,
         rows: usize,
+        rounds: usize,
         quota: CpuQuota,
     ) -> Result<Confined> {
         let server = fga.server_pid();
@@ -322,7 +381,7 @@ impl Bench {
             quota.cpus
         );
         let (p0, t0, s0) = quota.throttling();
-        let runs = self.ceiling(fga, http, "q", rows).await?;
+        let runs = self.ceiling(fga, http, "q", rows, rounds).await?;
         let (p1, t1, s1) = quota.throttling();
         let n = inside(&quota)?;
         let c = Confined {
