@@ -121,6 +121,7 @@ struct Queries {
     refresh: String,
     lock: String,
     mark_delivered: String,
+    mark_finished: String,
     record_failure: String,
     dead_letter: String,
     status: String,
@@ -160,6 +161,7 @@ impl Store {
             refresh: r(include_str!("../sql/queries/refresh.sql")),
             lock: r(include_str!("../sql/queries/lock.sql")),
             mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
+            mark_finished: r(include_str!("../sql/queries/mark_finished.sql")),
             record_failure: r(include_str!("../sql/queries/record_failure.sql")),
             dead_letter: r(include_str!("../sql/queries/dead_letter.sql")),
             status: r(include_str!("../sql/queries/status.sql")),
@@ -313,16 +315,23 @@ impl Store {
             .collect()
     }
 
-    pub async fn mark_delivered(
+    /// Marks delivered the rows of `ids` (with `texts`, their payloads as read) that are still
+    /// pending, say what was read, and no other session holds; returns the ids marked.
+    pub async fn mark_finished(
         &self,
         tx: &impl GenericClient,
         ids: &[i64],
-    ) -> Result<u64, tokio_postgres::Error> {
+        texts: &[&str],
+    ) -> Result<Vec<i64>, tokio_postgres::Error> {
         if ids.is_empty() {
-            return Ok(0);
+            return Ok(Vec::new());
         }
-        let stmt = tx.prepare_cached(&self.q.mark_delivered).await?;
-        tx.execute(&stmt, &[&ids]).await
+        let stmt = tx.prepare_cached(&self.q.mark_finished).await?;
+        tx.query(&stmt, &[&ids, &texts])
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect()
     }
 
     pub async fn record_failure(

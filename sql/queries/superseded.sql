@@ -7,9 +7,10 @@
 -- a tuple in a store: only later rows of the same store supersede. Returns, for each superseded
 -- operation, its position (from 1) and the first later delivered row on its tuple.
 --
--- A later row still pending needs no skip: it is delivered after this one, in id order. Rows
--- delivered later than this row's id are read in id order from it, and each search stops at the
--- first row found: run once for a retried row, when a relay first reads it.
+-- A later row still pending needs no skip: it is delivered after this one, in id order. A later
+-- row in flight is marked delivered only when its Write lands: the relay runs this once no Write
+-- on the row's tuples is in flight. Rows delivered later than this row's id are read in id order
+-- from it, and each search stops at the first row found: run once for each retry of a row.
 SELECT k.n::integer, s.id
 FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS k(object, relation, "user", n)
 CROSS JOIN LATERAL (

@@ -46,6 +46,11 @@ pub(super) struct Core {
     /// Rows in the queue that cannot be decoded (`Candidate::malformed`): looked for only
     /// while there are some.
     pub(super) bars: usize,
+    /// Rows that came back from dead (with their `retried_at`) read while a Write touching
+    /// their tuples was in flight: whether a later row superseded them is known only once that
+    /// Write has landed and its rows are marked. They wait in their place, keeping their
+    /// tuples, until then, and are looked at (`Deliverer::check_retried`) before they may go.
+    pub(super) unchecked: HashMap<i64, SystemTime>,
     pub(super) report: PassReport,
 }
 
@@ -87,6 +92,7 @@ impl Core {
             stuck: 0,
             due: None,
             bars: 0,
+            unchecked: HashMap::new(),
             report: PassReport::default(),
         }
     }
@@ -101,6 +107,7 @@ impl Core {
         self.flying_rows.clear();
         self.to_mark.clear();
         self.bars = 0;
+        self.unchecked.clear();
     }
 
     /// The Writes that may be in flight now.
@@ -196,6 +203,39 @@ impl Core {
             .filter(|(_, n)| *n >= batch)
             .map(|(store, _)| store.clone())
             .collect()
+    }
+
+    /// Lets go of the queued rows of stores held now: they leave the hand, and are read again,
+    /// in id order, once their store's hold is over (a held store's rows are not read
+    /// meanwhile). For a queue at its bound with them, so that rows of held stores never take
+    /// the room other stores' rows are read into. Not the rows whose state would be lost with
+    /// them: ones that bar their store, wait to be marked or looked at, or have operations
+    /// OpenFGA applied already. Returns when the first of those holds ends (the stream reads
+    /// then: no row in the queue says so any more), if any row left.
+    pub(super) fn let_go_held(&mut self, now: Instant) -> Option<Instant> {
+        let mut first_end: Option<Instant> = None;
+        let mut held: Vec<i64> = Vec::new();
+        for c in self.queue.values() {
+            let Some(until) = self.lanes.held(&c.target, now) else {
+                continue;
+            };
+            if c.malformed
+                || self.to_mark.contains(&c.id)
+                || self.unchecked.contains_key(&c.id)
+                || self.memo.get(&c.id).is_some_and(|m| !m.done.is_empty())
+            {
+                continue;
+            }
+            first_end = Some(first_end.map_or(until, |t| t.min(until)));
+            held.push(c.id);
+        }
+        for id in &held {
+            self.queue.remove(id);
+            self.memo.remove(id);
+        }
+        // They could not go: they were counted stuck.
+        self.stuck = self.stuck.saturating_sub(held.len());
+        first_end
     }
 
     /// The rows in the queue that bar their store (`Candidate::malformed`) whose wait is over:

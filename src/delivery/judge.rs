@@ -141,43 +141,58 @@ impl Core {
         now: Instant,
     ) {
         let mut rest = Vec::new();
-        for mut c in plan.into_rows() {
+        for c in plan.into_rows() {
             if !missing.contains(&c.id) {
                 rest.push(c);
                 continue;
             }
-            match now_rows.get(&c.id) {
-                None => {
-                    debug!(
-                        id = c.id,
-                        "row delivered or dead-lettered by another session"
-                    );
-                    self.memo.remove(&c.id);
-                }
-                Some(Ok(text)) if **text != *c.text => {
-                    debug!(id = c.id, "row changed since it was read; read again");
-                    if let Ok(p) = Payload::parse_text(text)
-                        && let Some(configured) = configured.or(p.store.is_none().then_some(""))
-                    {
-                        c.target = Target::of(p.store.as_ref(), p.model.as_ref(), configured);
-                    }
-                    c.ops = Arc::from(Vec::new());
-                    c.hashes = Vec::new();
-                    c.text = text.as_str().into();
-                    c.malformed = true;
-                    self.memo.remove(&c.id);
-                    self.bars += 1;
-                    self.due_at(now);
-                    rest.push(c);
-                }
-                Some(_) => {
-                    self.report.locked += 1;
-                    self.hold_back(c.id, now);
-                    rest.push(c);
-                }
-            }
+            rest.extend(self.looked_again(c, now_rows, configured, now));
         }
         self.requeue(rest);
+    }
+
+    /// Row `c` as it is now (`now_rows`, see [`Core::refreshed`]): gone (`None`), changed (a
+    /// bar until it is read again by id), or as it was, held by another session (held back).
+    pub(super) fn looked_again(
+        &mut self,
+        mut c: Candidate,
+        now_rows: &HashMap<i64, Result<String, String>>,
+        configured: Option<&str>,
+        now: Instant,
+    ) -> Option<Candidate> {
+        match now_rows.get(&c.id) {
+            None => {
+                debug!(
+                    id = c.id,
+                    "row delivered or dead-lettered by another session"
+                );
+                self.memo.remove(&c.id);
+                None
+            }
+            Some(Ok(text)) if **text != *c.text => {
+                debug!(id = c.id, "row changed since it was read; read again");
+                if let Ok(p) = Payload::parse_text(text)
+                    && let Some(configured) = configured.or(p.store.is_none().then_some(""))
+                {
+                    c.target = Target::of(p.store.as_ref(), p.model.as_ref(), configured);
+                }
+                c.ops = Arc::from(Vec::new());
+                c.hashes = Vec::new();
+                c.text = text.as_str().into();
+                if !c.malformed {
+                    c.malformed = true;
+                    self.bars += 1;
+                }
+                self.memo.remove(&c.id);
+                self.due_at(now);
+                Some(c)
+            }
+            Some(_) => {
+                self.report.locked += 1;
+                self.hold_back(c.id, now);
+                Some(c)
+            }
+        }
     }
 
     fn on_success(&mut self, plan: Plan, now: Instant) {

@@ -124,7 +124,10 @@ impl Lanes {
         self.lane(target).epoch
     }
 
-    /// Records a Write's outcome. A success ends its store's hold.
+    /// Records a Write's outcome. A success ends its store's backoff, but not a `Retry-After`
+    /// OpenFGA asked for meanwhile (a Write that left before it can land after it): its rows
+    /// stay held until the gate opens, or they would be planned, turned back at the gate, and
+    /// planned again, round and round until then.
     pub(super) fn note(&mut self, failed: bool, alone: Option<i64>, target: &Target, now: Instant) {
         while self.recent.len() >= COMPARE_MAX
             || self
@@ -144,7 +147,7 @@ impl Lanes {
             let lane = self.lane(target);
             lane.epoch += 1;
             lane.streak = 0;
-            lane.held_until = None;
+            lane.held_until = lane.gate.until();
         }
     }
 
@@ -201,6 +204,15 @@ impl Lanes {
     pub(super) fn held(&self, target: &Target, now: Instant) -> Option<Instant> {
         let lane = self.lanes.get(&target.store)?;
         lane.held_until.filter(|at| *at > now)
+    }
+
+    /// The stores held now, as lanes are keyed (`None`: the configured store).
+    pub(super) fn held_stores(&self, now: Instant) -> Vec<Option<Arc<str>>> {
+        self.lanes
+            .iter()
+            .filter(|(_, l)| l.held_until.is_some_and(|t| t > now))
+            .map(|(store, _)| store.clone())
+            .collect()
     }
 
     /// The stores held now, as their rows' `store_id` is matched when reading (`""`: the

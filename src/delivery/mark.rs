@@ -9,6 +9,7 @@ use super::core::{Effects, Flight};
 use super::write::Answer;
 use crate::store::StoreError;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 use tracing::{debug, warn};
 
@@ -140,10 +141,36 @@ impl Deliverer {
             return Ok(());
         }
         let ids = std::mem::take(&mut self.core.to_mark);
+        let texts: Vec<Arc<str>> = ids
+            .iter()
+            .map(|id| {
+                self.core
+                    .queue
+                    .get(id)
+                    .map(|c| c.text.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
         let conn = self.store.pool().get().await?;
         // On an error they stay in the queue, in their place: marked at the next try.
-        self.store.mark_delivered(&conn, &ids).await?;
-        self.core.marked(&ids);
+        let marked = self.store.mark_finished(&conn, &ids, &texts).await?;
+        self.core.marked(&marked);
+        // The others: held by another session, changed, or gone since they were read.
+        let missing: Vec<i64> = ids.into_iter().filter(|id| !marked.contains(id)).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let now_rows = self.refresh(&missing).await?;
+        let configured = self.client.configured_store_id();
+        let now = Instant::now();
+        for id in missing {
+            if let Some(c) = self.core.queue.remove(&id)
+                && let Some(c) = self.core.looked_again(c, &now_rows, configured, now)
+            {
+                self.core.admit(c);
+            }
+        }
         Ok(())
     }
 }

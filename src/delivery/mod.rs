@@ -139,6 +139,11 @@ pub struct Deliverer {
     /// The stores the last read left out for having a read's worth of rows queued: once one
     /// of them has fewer, its rows left unread are read (no notification will say so).
     full: Vec<Option<Arc<str>>>,
+    /// The lanes the read under way leaves out (held, or full), as lanes are keyed: a row of
+    /// one of them that the read's filter let through (it names the configured store's id,
+    /// resolved only since the filter was made) is not queued, as the rows of its lane below
+    /// it were left out.
+    left_out: Vec<Option<Arc<str>>>,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
     /// The reads of the last ten polls that found rows: when, and how many.
@@ -182,6 +187,7 @@ impl Deliverer {
             spare: None,
             ahead: Ahead::default(),
             full: Vec::new(),
+            left_out: Vec::new(),
             want_read: true,
             last_read: None,
             found: std::collections::VecDeque::new(),
@@ -228,6 +234,11 @@ impl Deliverer {
             }
             if turn.launching
                 && let Err(e) = self.recheck_bars().await
+            {
+                turn.fail(e);
+            }
+            if turn.launching
+                && let Err(e) = self.check_retried().await
             {
                 turn.fail(e);
             }

@@ -30,7 +30,9 @@
 //!   tuples are released: on success, and on an older OpenFGA's "already exists" for a row's last
 //!   operation (`Flight::finished_by`, `write.rs`).
 //! - A row that came back from dead never applies an operation over a later delivered row's
-//!   operation on its tuple ([`Deliverer::skip_superseded`], here).
+//!   operation on its tuple ([`Deliverer::skip_superseded`], here), looked for once no Write on
+//!   its tuples is in flight (`Core::unchecked`): a later row in flight is marked only when it
+//!   lands.
 //! - Only the leader sends, and only while its lease holds (`relay/`, `leadership.rs`).
 
 use super::Deliverer;
@@ -138,9 +140,9 @@ impl Scan {
 
 impl Core {
     /// Whether row `c` cannot go now, noted in `scan`: behind an undecodable row of its store,
-    /// waiting to be marked, held back (its own backoff or its store's hold), its store failing
-    /// with its share of the window in flight, or on a tuple of a Write in flight or of an
-    /// earlier row left waiting.
+    /// waiting to be marked or looked at (a retried row), held back (its own backoff or its
+    /// store's hold), its store failing with its share of the window in flight, or on a tuple
+    /// of a Write in flight or of an earlier row left waiting.
     fn passed_over(&self, c: &Candidate, now: Instant, scan: &mut Scan) -> bool {
         let retry_at = self.memo.get(&c.id).and_then(|m| m.retry_at);
         if c.malformed || scan.all_barred || scan.barred.contains(&c.target.store) {
@@ -152,7 +154,7 @@ impl Core {
             scan.stuck += 1;
             return true;
         }
-        if self.to_mark.contains(&c.id) {
+        if self.to_mark.contains(&c.id) || self.unchecked.contains_key(&c.id) {
             return scan.wait(c);
         }
         let held = self

@@ -82,6 +82,9 @@ impl Deliverer {
             Instant::now(),
         );
         let closed: Vec<&str> = closed.iter().map(String::as_str).collect();
+        let now = Instant::now();
+        self.left_out = self.core.lanes.held_stores(now);
+        self.left_out.extend(self.full.iter().cloned());
         // A connection left inside a transaction by an error is closed, not pooled.
         let tx = WriteTx(Some(self.store.pool().get().await?));
         let conn = tx.conn();
@@ -100,7 +103,9 @@ impl Deliverer {
             None => self.store.claim(conn, &hand, &closed, limit as i64).await?,
         };
         let n = rows.len();
-        let (ids, stopped) = self.queue_rows(conn, rows, &mut open).await?;
+        let queued = self.queue_rows(conn, rows, &mut open).await;
+        self.left_out.clear();
+        let (ids, stopped) = queued?;
         if open && ids.len() == n && n > 0 {
             self.spare = Some(Spare { tx, ids });
         } else if open {
@@ -182,13 +187,26 @@ impl Deliverer {
                 "a row names a store",
             )));
         };
+        if self.left_out.contains(&target.store) {
+            // Its lane's rows below it were left out of this read: read again with them once
+            // its lane is open.
+            return Ok(Ok(None));
+        }
         let hashes: Vec<u64> = payload
             .ops
             .iter()
             .map(|op| key_hash(target.store_key(), op.key()))
             .collect();
         let text: Arc<str> = row.payload.as_deref().unwrap_or_default().into();
+        self.core.unchecked.remove(&row.id);
         if let Some(at) = row.retried
+            && self.core.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
+            && hashes.iter().any(|h| self.core.in_flight.contains_key(h))
+        {
+            // A Write on its tuples is in flight: a later row it carries supersedes this one
+            // only once it lands and is marked. Looked at then, waiting in its place meanwhile.
+            self.core.unchecked.insert(row.id, at);
+        } else if let Some(at) = row.retried
             && self.core.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
         {
             // Not in the read's locked transaction: the note on the row must stay even if that
@@ -219,6 +237,48 @@ impl Deliverer {
             anywhere: false,
         });
         Ok(Ok(Some(row.id)))
+    }
+
+    /// Looks for the superseded operations of the retried rows that waited for the Writes in
+    /// flight on their tuples (see `Core::unchecked`), once none is: the rows those Writes
+    /// delivered are marked by then, and found.
+    pub(super) async fn check_retried(&mut self) -> Result<(), StoreError> {
+        if self.core.unchecked.is_empty() {
+            return Ok(());
+        }
+        let core = &self.core;
+        let ready: Vec<(i64, std::time::SystemTime)> = core
+            .unchecked
+            .iter()
+            .filter(|(id, _)| {
+                core.queue
+                    .get(id)
+                    .is_none_or(|c| !c.hashes.iter().any(|h| core.in_flight.contains_key(h)))
+            })
+            .map(|(id, at)| (*id, *at))
+            .collect();
+        if ready.is_empty() {
+            return Ok(());
+        }
+        let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
+            // Which later rows are of its store cannot be told yet: they wait, and the stream
+            // looks again with its next read.
+            self.read_again_at = Some(Instant::now() + UNRESOLVED_STORE_WAIT);
+            return Ok(());
+        };
+        let conn = self.store.pool().get().await?;
+        for (id, at) in ready {
+            let Some(c) = self.core.queue.get(&id) else {
+                self.core.unchecked.remove(&id);
+                continue;
+            };
+            let (ops, target) = (c.ops.clone(), c.target.clone());
+            self.skip_superseded(&conn, id, &ops, &target, Some(&configured))
+                .await?;
+            self.core.memo.entry(id).or_default().checked = Some(at);
+            self.core.unchecked.remove(&id);
+        }
+        Ok(())
     }
 
     /// Queues a row that cannot be decoded and could not be dead-lettered, as a bar to the later

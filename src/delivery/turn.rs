@@ -121,7 +121,7 @@ impl Deliverer {
         if !self.want_read {
             return;
         }
-        if !self.queue_has_room() {
+        if !self.queue_has_room() && !self.room_after_letting_go() {
             return;
         }
         let batch = self.core.settings.batch_size.max(1);
@@ -166,6 +166,22 @@ impl Deliverer {
         let batch = self.core.settings.batch_size.max(1);
         let ready = self.core.queue.len().saturating_sub(self.core.stuck);
         ready < batch && self.core.queue.len() < read::AHEAD_PAGES * batch
+    }
+
+    /// Whether the queue has room once the rows of held stores let it go, when they are what
+    /// fills it: it is at its bound with fewer rows ready than a read's worth (see
+    /// `Core::let_go_held`).
+    fn room_after_letting_go(&mut self) -> bool {
+        let batch = self.core.settings.batch_size.max(1);
+        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
+        if ready >= batch {
+            return false;
+        }
+        let Some(end) = self.core.let_go_held(Instant::now()) else {
+            return false;
+        };
+        self.read_again_at = Some(self.read_again_at.map_or(end, |t| t.min(end)));
+        self.queue_has_room()
     }
 
     /// Counts what a read found, and says from it whether rows come faster than one a poll

@@ -45,10 +45,15 @@ impl Gate {
     }
 
     pub(super) fn is_closed(&self) -> bool {
+        self.until().is_some()
+    }
+
+    /// Until when it is closed, if it is now.
+    pub(super) fn until(&self) -> Option<Instant> {
         self.0
             .lock()
-            .map(|g| g.is_some_and(|t| t > Instant::now()))
-            .unwrap_or(false)
+            .ok()
+            .and_then(|g| g.filter(|t| *t > Instant::now()))
     }
 }
 

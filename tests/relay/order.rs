@@ -456,3 +456,104 @@ async fn a_dead_row_brought_back_by_hand_skips_what_a_later_row_superseded() {
     let note = env.row(grant).await.last_error.unwrap_or_default();
     assert!(note.contains("superseded"), "last_error: {note:?}");
 }
+
+/// A dead row retried while a later row on its tuple is in flight (its Write slow) is looked at
+/// for superseding rows only once that Write has landed and its row is marked: the revoke
+/// supersedes the grant, which is skipped, and OpenFGA ends without the tuple. Fails with the
+/// look taken at once, when nothing later is marked yet (`Core::unchecked`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_retried_while_a_later_row_on_its_tuple_is_in_flight_is_not_replayed_over_it() {
+    let env = Env::start().await;
+    env.fga
+        .push_fault(invalid("user:anne", "viewer", "document:1"));
+    let grant = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the grant is dead", || async {
+        env.row(grant).await.dead
+    })
+    .await;
+    let before = env.fga.write_count();
+    // The revoke's Write takes 1.5 s at OpenFGA.
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+            "user:anne",
+            "viewer",
+            "document:1",
+        ));
+    let revoke = env
+        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    wait_writes_received(&env.fga, before + 1).await;
+    // While it is in flight, the dead grant is brought back.
+    let out = env.command(&["retry", "--dead"]).output().unwrap();
+    crate::common::relay::assert_success(&out, "retry --dead");
+    env.wait_delivered(revoke).await;
+    env.wait_delivered(grant).await;
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the retried grant was applied over the later revoke (applied: {:?}); last_error {:?}; relay log:\n{}",
+        applied_on(&env.fga, "user:anne", "viewer", "document:1"),
+        env.row(grant).await.last_error,
+        relay.logs()
+    );
+}
+
+/// A retried row whose operation a later delivered row superseded, held by another session (an
+/// operator's open transaction): its note and its mark skip it (SKIP LOCKED) rather than wait,
+/// so a row on another tuple flows meanwhile; and once let go, the retried row is marked.
+/// Fails with the note's or the mark's UPDATE waiting for the lock (sql/queries/record_skipped.sql,
+/// sql/queries/mark_finished.sql).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_row_another_session_holds_never_stops_the_other_rows() {
+    let env = Env::start().await;
+    env.fga
+        .push_fault(invalid("user:anne", "viewer", "document:1"));
+    let grant = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let mut relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the grant is dead", || async {
+        env.row(grant).await.dead
+    })
+    .await;
+    let revoke = env
+        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(revoke).await;
+    relay.term();
+    relay.wait_exit(Duration::from_secs(20)).await;
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = NULL WHERE id = $1",
+            &[&grant],
+        )
+        .await
+        .unwrap();
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT id FROM fga_outbox WHERE id = $1 FOR UPDATE",
+            &[&grant],
+        )
+        .await
+        .unwrap();
+    let relay = env.start_relay().await;
+    let other = env
+        .insert(writes(&[tk("user:bob", "viewer", "document:2")]))
+        .await;
+    let flowed = env
+        .all_delivered_within(&[other], Duration::from_secs(8))
+        .await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        flowed,
+        "a row on another tuple waited for the session holding the retried row; relay log:\n{}",
+        relay.logs()
+    );
+    env.wait_delivered(grant).await;
+    assert!(!env.fga.has("user:anne", "viewer", "document:1"));
+}

@@ -982,3 +982,153 @@ async fn a_held_undecodable_row_naming_the_configured_stores_id_bars_its_rows_by
     assert!(env.row(bad).await.delivered);
     assert_eq!(env.fga.list_stores().first(), Some(&500));
 }
+
+/// Rows of stores paused by a `Retry-After` never take the room other stores' rows are read
+/// into: with eight stores' rows paused filling the queue's bound (eight reads' worth at a batch
+/// of 2), a row of the configured store committed meanwhile is read and delivered during their
+/// pause, not after it. Fails with the held stores' rows kept in the queue (`let_go_held`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_paused_stores_never_fill_the_queue_before_another_stores_rows() {
+    let env = Env::start().await;
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        let s = env.fga.add_store();
+        env.fga
+            .push_fault(FaultRule::times(Fault::rate_limited(60), 1_000_000).when_store(&s));
+        stores.push(s);
+    }
+    let mut paused = Vec::new();
+    for (i, s) in stores.iter().enumerate() {
+        for n in 0..2 {
+            let row = writes(&[tk(&format!("user:p{i}x{n}"), "viewer", "document:p")]);
+            paused.push(env.insert(in_store(row, s)).await);
+        }
+    }
+    let relay = env.spawn_relay(&[("FGA_RELAY_BATCH_SIZE", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(PROMPTLY, "every paused store's rows were tried", || async {
+        let mut tried = true;
+        for id in &paused {
+            tried &= env.row(*id).await.attempts >= 1;
+        }
+        tried
+    })
+    .await;
+    let flowing = env
+        .insert(writes(&[tk("user:q", "viewer", "document:1")]))
+        .await;
+    // Well within the pause of 60 s the other stores asked for.
+    let delivered = env
+        .all_delivered_within(&[flowing], Duration::from_secs(30))
+        .await;
+    assert!(
+        delivered,
+        "the configured store's row waited for other stores' Retry-After; relay log:\n{}",
+        relay.logs()
+    );
+}
+
+/// A read made while `--store-name` is unresolved leaves out the rows naming no store (their
+/// lane held) but cannot leave out those naming the configured store's id, which it does not
+/// know yet. When the name resolves during that read, such a row is not queued ahead of a lower
+/// row naming no store on its tuple that the read left out: OpenFGA applies the grant, then the
+/// revoke. Fails with the read queuing rows of lanes it left out (`Deliverer::left_out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_the_configured_id_resolved_during_a_read_waits_for_the_rows_it_left_out() {
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), 1_000_000).on_list_stores());
+    let client = env.db.connect().await;
+    let first = insert_with(&client, writes(&[tk("user:carl", "viewer", "document:9")])).await;
+    let relay = spawn_relay_by_name(&env, &[("FGA_RELAY_BATCH_SIZE", "1")]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(PROMPTLY, "the first row is tried", || async {
+        env.row(first).await.attempts >= 1
+    })
+    .await;
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    let grant = insert_with(&client, writes(&anne())).await;
+    let revoke = insert_with(&client, in_store(deletes(&anne()), &a)).await;
+    // The relay reads the new rows, and asks for the name again, while ListStores still fails.
+    let asked = env.fga.list_stores().len();
+    wait_until(
+        PROMPTLY,
+        "the relay asks for the store's name twice more",
+        || async { env.fga.list_stores().len() >= asked + 2 },
+    )
+    .await;
+    env.fga.clear_faults();
+    for id in [first, grant, revoke] {
+        env.wait_delivered(id).await;
+    }
+    assert_eq!(
+        applied_in(&env.fga, &a, "user:anne"),
+        vec![true, false],
+        "not applied in id order; writes {:?}; relay log:\n{}",
+        env.fga.writes().iter().map(|w| &w.body).collect::<Vec<_>>(),
+        relay.logs()
+    );
+}
+
+/// The CPU time (user and system, in seconds) process `pid` has used.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime, fields 14 and 15 of the line (counting from the pid).
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
+/// A store answered 429 with a `Retry-After` while another of its Writes was in flight, which
+/// then succeeds: the success ends the store's backoff, not the pause OpenFGA asked for. The
+/// throttled row waits it out quietly, rather than being planned, turned back at the gate and
+/// planned again for the whole pause (which took 1.9 s of CPU in 5 s). Fails with a success
+/// ending the hold regardless of the gate (`Lanes::note`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_during_a_retry_after_leaves_the_pause_in_place() {
+    let env = Env::start().await;
+    env.fga.push_fault(
+        FaultRule::once(Fault::Delay(Duration::from_millis(1500))).when_tuple(
+            "user:a1",
+            "viewer",
+            "document:1",
+        ),
+    );
+    env.fga
+        .push_fault(FaultRule::once(Fault::rate_limited(20)).when_tuple(
+            "user:a0",
+            "viewer",
+            "document:1",
+        ));
+    let client = env.db.connect().await;
+    let mut ids = Vec::new();
+    for n in [1, 0] {
+        let row = writes(&[tk(&format!("user:a{n}"), "viewer", "document:1")]);
+        ids.push(insert_with(&client, row).await);
+    }
+    let relay = env.spawn_relay(&[("FGA_RELAY_MAX_TUPLES_PER_WRITE", "1")]);
+    relay.wait_for_log("delivering (leader)").await;
+    env.wait_delivered(ids[0]).await;
+    let before = cpu_secs(relay.pid());
+    // A window of the pause (20 s), after the success.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let used = cpu_secs(relay.pid()) - before;
+    assert!(
+        !env.row(ids[1]).await.delivered,
+        "the throttled row went before its pause was over"
+    );
+    assert!(
+        used < 0.5,
+        "the relay used {used:.2} s of CPU in 5 s while a store waited out a Retry-After"
+    );
+}
