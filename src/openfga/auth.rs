@@ -1,7 +1,8 @@
 //! Authentication to OpenFGA: a preshared token, or client-credentials (OIDC) tokens fetched from
 //! the issuer and cached until shortly before they expire.
 
-use super::classify::{WriteError, error_chain, error_chain_tls, excerpt};
+use super::answer::read_whole;
+use super::classify::{WriteError, error_chain_tls, excerpt};
 use crate::config::{Auth, Secret};
 use serde::Deserialize;
 use std::time::{Duration, Instant};
@@ -134,11 +135,8 @@ impl Credentials {
             .headers()
             .get(reqwest::header::LOCATION)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        let body = resp.bytes().await.map_err(|e| {
-            TokenError::unavailable(format!(
-                "token response from {issuer} failed: {}",
-                error_chain(&e)
-            ))
+        let body = read_whole(resp).await.map_err(|e| {
+            TokenError::unavailable(format!("token response from {issuer} failed: {e}"))
         })?;
         if !status.is_success() {
             let mut reason = format!(

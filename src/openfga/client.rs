@@ -1,6 +1,7 @@
 //! The HTTP client: its connection settings, the Write and Read calls, and the deadline of one
 //! whole Write.
 
+use super::answer::read_at_most;
 use super::auth::{Credentials, TokenError};
 use super::classify::{NOT_TLS, WriteError, classify, error_chain, excerpt, not_tls, redirected};
 use super::guarded_body::{GuardedBody, refused};
@@ -379,20 +380,16 @@ impl FgaClient {
         // OpenFGA answers a Write with `{}` or an error of a few hundred bytes, a proxy with a
         // page of a few kB. Past MAX_ANSWER the rest is not read (its start classifies it):
         // a misbehaving hop cannot make the relay hold an endless body in memory.
-        let mut resp = resp;
-        let mut answer = Vec::new();
-        while answer.len() < MAX_ANSWER {
-            let chunk = resp.chunk().await.map_err(|e| WriteError::Transient {
-                reason: format!(
-                    "reading OpenFGA's answer failed: {}",
-                    describe_http_error(&e)
-                ),
-                retry_after: None,
-            })?;
-            let Some(chunk) = chunk else { break };
-            let room = MAX_ANSWER - answer.len();
-            answer.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        }
+        let (answer, _) =
+            read_at_most(resp, MAX_ANSWER)
+                .await
+                .map_err(|e| WriteError::Transient {
+                    reason: format!(
+                        "reading OpenFGA's answer failed: {}",
+                        describe_http_error(&e)
+                    ),
+                    retry_after: None,
+                })?;
         Ok((status, retry_after, answer.into()))
     }
 }

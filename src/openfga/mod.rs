@@ -13,6 +13,7 @@
 //!   Write's body, which leaves only while the relay's lease holds.
 //! - `retry_after`: `Retry-After` as seconds or an HTTP date.
 
+mod answer;
 mod auth;
 mod classify;
 mod client;

@@ -2,6 +2,7 @@
 //! the credentials, whether the store exists, and whether it has the model the relay writes
 //! against.
 
+use super::answer::read_whole;
 use super::classify::{ErrorBody, excerpt};
 use super::client::{FgaClient, SendError};
 use super::store::PreflightError;
@@ -60,7 +61,7 @@ impl FgaClient {
             }
         };
         let status = resp.status();
-        let body = resp.bytes().await.unwrap_or_default();
+        let body = read_whole(resp).await.unwrap_or_default();
         let code = serde_json::from_slice::<ErrorBody>(&body)
             .map(|b| b.code)
             .unwrap_or_default();
@@ -159,7 +160,7 @@ impl FgaClient {
             .await
             .map_err(|e| e.to_string())?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| e.to_string())?;
+        let body = read_whole(resp).await?;
         if !status.is_success() {
             return Err(format!(
                 "reading the model answered {status}: {}",

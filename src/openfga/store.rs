@@ -2,6 +2,7 @@
 //! the check at start that it exists, and the same check again, for it and for every store a
 //! row names, while it writes.
 
+use super::answer::read_whole;
 use super::classify::{ErrorBody, WriteError, excerpt};
 use super::client::FgaClient;
 use crate::config::{ConfigError, StoreRef};
@@ -62,8 +63,7 @@ impl FgaClient {
                 .await
                 .map_err(|e| PreflightError::Unavailable(e.to_string()))?;
             let status = resp.status();
-            let body = resp
-                .bytes()
+            let body = read_whole(resp)
                 .await
                 .map_err(|e| PreflightError::Unavailable(format!("ListStores: {e}")))?;
             if !status.is_success() {
@@ -131,7 +131,9 @@ impl FgaClient {
             .await
             .map_err(|e| PreflightError::Unavailable(e.to_string()))?;
         let status = resp.status();
-        let body = resp.bytes().await.unwrap_or_default();
+        let body = read_whole(resp)
+            .await
+            .map_err(|e| PreflightError::Unavailable(format!("GetStore: {e}")))?;
         if status.is_success() {
             #[derive(Deserialize)]
             struct Store {
@@ -180,11 +182,15 @@ impl FgaClient {
                 Ok(())
             }
             Ok(None) if !configured && !self.has_models(id).await => {
-                Err(WriteError::UnknownTarget {
-                    message: format!(
-                        "OpenFGA has no store {id} (GetStore answered 404 store_id_not_found)"
-                    ),
-                })
+                if self.configured_store_exists().await {
+                    Err(WriteError::UnknownTarget {
+                        message: format!(
+                            "OpenFGA has no store {id} (GetStore answered 404 store_id_not_found)"
+                        ),
+                    })
+                } else {
+                    Err(neither_store(id))
+                }
             }
             Ok(None) => Err(WriteError::Configuration {
                 status: 404,
@@ -203,6 +209,25 @@ impl FgaClient {
             }),
             Err(PreflightError::Config(_) | PreflightError::Unavailable(_)) => Ok(()),
         }
+    }
+
+    /// Whether the configured store exists, as GetStore says now (not as it was found within
+    /// the last [`STORE_CHECK_EVERY`]: this decides whether rows are given up on). Asked before
+    /// a row naming another store is given up on for that store missing: an OpenFGA on another
+    /// datastore than the one the rows were written for (restored empty, or the wrong one) has
+    /// neither, and then the rows are held, not dead-lettered.
+    pub(super) async fn configured_store_exists(&self) -> bool {
+        let Some(id) = self.configured_store_id() else {
+            return false;
+        };
+        let found = matches!(self.get_store(id).await, Ok(Some(_)));
+        if found {
+            self.store_seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.to_owned(), Instant::now());
+        }
+        found
     }
 
     /// Whether store `id` was found to exist within the last [`STORE_CHECK_EVERY`]: a Write to
@@ -241,8 +266,7 @@ impl FgaClient {
             #[serde(default)]
             authorization_models: Vec<serde_json::Value>,
         }
-        match resp
-            .bytes()
+        match read_whole(resp)
             .await
             .map(|b| serde_json::from_slice::<Models>(&b))
         {
@@ -266,5 +290,20 @@ impl FgaClient {
                 retry_after: None,
             }),
         }
+    }
+}
+
+/// A store a row names is missing, and so is the configured store: OpenFGA is not the one (or
+/// its datastore is not the one) the rows were written for, a configuration error that holds
+/// the rows rather than one that makes them undeliverable.
+pub(super) fn neither_store(id: &str) -> WriteError {
+    WriteError::Configuration {
+        status: 404,
+        code: "store_id_not_found".into(),
+        message: format!(
+            "OpenFGA has no store {id}, and not the configured store either: is FGA_API_URL the \
+             OpenFGA (and datastore) the rows were written for? Its rows are held until the \
+             stores exist"
+        ),
     }
 }

@@ -69,11 +69,12 @@ impl FgaClient {
                 .within_deadline("GetStore", self.get_store(store_id))
                 .await
             {
-                Ok(Ok(None)) => {
+                Ok(Ok(None)) if self.configured_store_exists().await => {
                     return WriteError::UnknownTarget {
                         message: format!("OpenFGA has no store {store_id}: {answer}"),
                     };
                 }
+                Ok(Ok(None)) => return super::store::neither_store(store_id),
                 Ok(Ok(Some(_))) => {}
                 // Whether the store exists is not known: the row waits.
                 Ok(Err(_)) | Err(_) => return e,

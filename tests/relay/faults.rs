@@ -6,6 +6,7 @@
 use crate::common::fga::{Fault, FaultRule, Fga, Model};
 use crate::common::metrics::scrape;
 use crate::common::pg::PROMPTLY;
+use crate::common::procs::peak_kb;
 use crate::common::relay::{
     Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
     insert_with, slow_backlog, tk, wait_until, write_tuple_keys, writes,
@@ -1136,14 +1137,7 @@ async fn an_endless_answer_is_not_read_into_memory() {
         .insert(writes(&[tk("user:a", "viewer", "document:1")]))
         .await;
     env.wait_delivered(id).await;
-    // The most memory the process has held at once, from /proc.
-    let status = std::fs::read_to_string(format!("/proc/{}/status", relay.pid())).unwrap();
-    let peak_kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
+    let peak_kb = peak_kb(relay.pid());
     assert!(
         peak_kb < 64 * 1024,
         "the relay held {peak_kb} kB at its peak, for answers of 128 MiB"

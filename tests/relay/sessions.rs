@@ -6,23 +6,10 @@
 
 use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::pg::{PROMPTLY, count};
+use crate::common::procs::cpu_time;
 use crate::common::relay::{Env, accepted_writes, deletes, insert_with, tk, wait_until, writes};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-
-/// CPU time (user + system) the process has used so far, from /proc/<pid>/stat.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // state is f[0]; utime is field 14 of the whole line, f[11] here; stime f[12].
-    let ticks: u64 = f.get(11).and_then(|s| s.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Duration::from_millis(ticks * 1000 / hz)
-}
 
 /// Each tuple's operations as OpenFGA applied them, in order: "+" a write, "-" a delete.
 fn applied_per_tuple(fga: &Fga) -> HashMap<String, Vec<String>> {

@@ -7,6 +7,7 @@
 use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::metrics::scrape;
 use crate::common::pg::{PROMPTLY, count};
+use crate::common::procs::{cpu_time, peak_kb};
 use crate::common::relay::{
     Env, RelayProc, accepted_writes, assert_success, deletes, insert_text, insert_with, poll_until,
     tk, wait_until, writes,
@@ -1071,24 +1072,6 @@ async fn a_row_naming_the_configured_id_resolved_during_a_read_waits_for_the_row
     );
 }
 
-/// The CPU time (user and system, in seconds) process `pid` has used.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime, fields 14 and 15 of the line (counting from the pid).
-    (ticks(11) + ticks(12)) as f64 / 100.0
-}
-
 /// A store answered 429 with a `Retry-After` while another of its Writes was in flight, which
 /// then succeeds: the success ends the store's backoff, not the pause OpenFGA asked for. The
 /// throttled row waits it out quietly, rather than being planned, turned back at the gate and
@@ -1119,10 +1102,10 @@ async fn a_success_during_a_retry_after_leaves_the_pause_in_place() {
     let relay = env.spawn_relay(&[("FGA_RELAY_MAX_TUPLES_PER_WRITE", "1")]);
     relay.wait_for_log("delivering (leader)").await;
     env.wait_delivered(ids[0]).await;
-    let before = cpu_secs(relay.pid());
+    let before = cpu_time(relay.pid());
     // A window of the pause (20 s), after the success.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let used = cpu_secs(relay.pid()) - before;
+    let used = (cpu_time(relay.pid()) - before).as_secs_f64();
     assert!(
         !env.row(ids[1]).await.delivered,
         "the throttled row went before its pause was over"
@@ -1130,5 +1113,82 @@ async fn a_success_during_a_retry_after_leaves_the_pause_in_place() {
     assert!(
         used < 0.5,
         "the relay used {used:.2} s of CPU in 5 s while a store waited out a Retry-After"
+    );
+}
+
+/// An answer to a question the relay asks (here ListStores, for `--store-name`) is read no
+/// further than 4 MiB, as a Write's answer is no further than 1 MiB: a proxy answering with an
+/// endless body cannot make the relay hold it. The name resolves once ListStores answers, and
+/// the row is delivered. Fails with the body read whole (the peak memory from `/proc`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_answer_to_a_question_is_not_read_into_memory() {
+    let env = Env::start().await;
+    env.fga.push_fault(
+        FaultRule::times(
+            Fault::Garbage {
+                status: 200,
+                content_type: "application/json".into(),
+                body: "x".repeat(128 << 20),
+            },
+            2,
+        )
+        .on_list_stores(),
+    );
+    let relay = spawn_relay_by_name(&env, &[]);
+    relay.wait_for_log("delivering (leader)").await;
+    let id = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(id).await;
+    let peak_kb = peak_kb(relay.pid());
+    assert!(
+        peak_kb < 64 * 1024,
+        "the relay held {peak_kb} kB at its peak, for answers of 128 MiB"
+    );
+}
+
+/// A row naming a store OpenFGA does not have is dead-lettered only while the configured store
+/// exists: with the configured store missing too (an OpenFGA on another datastore than the one
+/// the rows were written for: restored empty, or the wrong one), it is held, never given up
+/// on. Fails with the configured store not asked (`FgaClient::configured_store_exists`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_a_missing_store_is_held_while_the_configured_store_is_missing_too() {
+    let env = Env::start().await;
+    let a = env.fga.store_id().to_owned();
+    let relay = env.start_relay().await;
+    let first = env
+        .insert(writes(&[tk("user:a", "viewer", "document:1")]))
+        .await;
+    env.wait_delivered(first).await;
+    env.fga.delete_store_id(&a);
+    // A store id OpenFGA never had.
+    let never = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+    let row = env
+        .insert(in_store(
+            writes(&[tk("user:b", "viewer", "document:1")]),
+            never,
+        ))
+        .await;
+    wait_until(
+        PROMPTLY,
+        "the row naming the missing store is tried",
+        || async {
+            let r = env.row(row).await;
+            r.attempts >= 1 || r.dead
+        },
+    )
+    .await;
+    let r = env.row(row).await;
+    assert!(
+        !r.dead,
+        "dead-lettered while the configured store is missing too: {r:?}; relay log:\n{}",
+        relay.logs()
+    );
+    assert!(
+        r.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not the configured store either")),
+        "last_error: {:?}",
+        r.last_error
     );
 }
