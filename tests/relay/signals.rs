@@ -8,13 +8,24 @@ use crate::libpq::{PASSWORD, password_checked, percent_encode, write_private};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A file of the test's own, mode 0600, in a directory named for the test.
+/// The directory of a test's secret files, named for the test.
+fn secrets_dir(test: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("fga-relay-{test}-{}", std::process::id()))
+}
+
+/// A file of the test's own, mode 0600, in a directory named for the test (removed when the
+/// test passes: [`remove_secrets`]).
 fn secret_file(test: &str, name: &str, contents: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("fga-relay-{test}-{}", std::process::id()));
+    let dir = secrets_dir(test);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     write_private(&path, &format!("{contents}\n"), 0o600);
     path.display().to_string()
+}
+
+/// Removes the directory of `test`'s secret files (a failing test leaves it, to be looked at).
+fn remove_secrets(test: &str) {
+    let _ = std::fs::remove_dir_all(secrets_dir(test));
 }
 
 /// The preshared key rotated: OpenFGA takes only the new one once the file says it and the
@@ -58,6 +69,7 @@ async fn sighup_rereads_the_token_file_and_the_relay_keeps_delivering() {
         "{line}"
     );
     assert!(!logs.contains("T0ken"), "a key in the log:\n{logs}");
+    remove_secrets("sighup-token");
 }
 
 /// With nothing read from a file, SIGHUP is logged and ignored: the relay runs on and delivers.
@@ -125,6 +137,7 @@ async fn sighup_rereads_database_url_file_for_new_connections() {
         !logs.contains("N3w-pass") && !logs.contains(PASSWORD),
         "{logs}"
     );
+    remove_secrets("sighup-url");
 }
 
 /// A secret file found empty at SIGHUP (a rewrite that is not atomic, caught half-way) changes
@@ -192,6 +205,7 @@ async fn sighup_with_an_empty_secret_file_keeps_what_is_in_use() {
         env.fga.writes().iter().all(|w| w.authorization.is_some()),
         "a Write without the key"
     );
+    remove_secrets("sighup-empty");
 }
 
 /// SIGTERM while a Write hangs: the relay waits for it (up to the request timeout, 20 s here). A

@@ -155,9 +155,13 @@ fn start(binary: &Path, flavour: &Flavour) -> Server {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    remove_stale_logs();
     for _ in 0..5 {
         let (http, grpc) = (free_port(), free_port());
-        let log = std::env::temp_dir().join(format!("fga-relay-openfga-{http}.log"));
+        let log = std::env::temp_dir().join(format!(
+            "fga-relay-openfga-{}-{http}.log",
+            std::process::id()
+        ));
         let mut command = Command::new(binary);
         command.arg("run");
         match &flavour.postgres {
@@ -222,6 +226,30 @@ fn start(binary: &Path, flavour: &Flavour) -> Server {
         );
     }
     panic!("OpenFGA {} would not start", flavour.version);
+}
+
+/// Removes the logs of servers started by test processes that have ended (a server lives as
+/// long as its test binary, which has no moment to remove its log afterwards): what a run
+/// leaves in the temporary directory is the logs of the runs still going.
+fn remove_stale_logs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("fga-relay-openfga-"))
+            .and_then(|n| n.strip_suffix(".log"))
+        else {
+            continue;
+        };
+        // `<pid>-<port>`; older runs named it `<port>` alone.
+        let pid = rest.split('-').next().unwrap_or_default();
+        if !std::path::Path::new("/proc").join(pid).exists() || !rest.contains('-') {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Starts the server on a thread that lives as long as it does, with `PR_SET_PDEATHSIG`: the
