@@ -324,14 +324,30 @@ impl LogFormat {
     }
 }
 
-/// Parses a humantime duration (`30s`, `1m 30s`, `250ms`) for the named setting.
+/// The longest duration any setting takes. Far beyond any sensible value, and far enough below
+/// what a clock can hold that sums and multiples of settings (three heartbeats, a deadline from
+/// now) never overflow.
+pub const LONGEST_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// Parses a humantime duration (`30s`, `1m 30s`, `250ms`) for the named setting, up to
+/// [`LONGEST_DURATION`].
 pub fn parse_duration(setting: &str, s: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(s.trim()).map_err(|e| {
+    let d = humantime::parse_duration(s.trim()).map_err(|e| {
         ConfigError::new(
             setting,
             format!("{s:?} is not a duration such as 30s or 1m ({e})"),
         )
-    })
+    })?;
+    if d > LONGEST_DURATION {
+        return Err(ConfigError::new(
+            setting,
+            format!(
+                "{s:?} is longer than {}, the longest any setting takes: give a shorter duration",
+                humantime::format_duration(LONGEST_DURATION)
+            ),
+        ));
+    }
+    Ok(d)
 }
 
 /// Parses a positive duration: zero makes no sense for intervals and timeouts.

@@ -55,8 +55,20 @@ async fn timings_that_cannot_make_the_fence_sound_exit_2_naming_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_settings_exit_2_naming_the_setting() {
     let env = Env::start().await;
-    let cases: [(&str, Option<&str>, &str); 8] = [
+    let cases: [(&str, Option<&str>, &str); 10] = [
         ("FGA_STORE_ID", None, "FGA_STORE_ID"),
+        // Long enough to overflow a clock once multiplied (three heartbeats make the shortest
+        // lease): refused, not a panic.
+        (
+            "FGA_RELAY_HEARTBEAT_INTERVAL",
+            Some("200000000000y"),
+            "FGA_RELAY_HEARTBEAT_INTERVAL",
+        ),
+        (
+            "FGA_RELAY_SWEEP_INTERVAL",
+            Some("200000000000y"),
+            "FGA_RELAY_SWEEP_INTERVAL",
+        ),
         ("FGA_STORE_ID", Some("not-a-store"), "FGA_STORE_ID"),
         ("FGA_API_URL", Some("localhost:8080"), "FGA_API_URL"),
         (
