@@ -11,9 +11,11 @@
 //! still delivers on new ones.
 
 use super::{Relay, Term};
+use crate::db::hint;
 use crate::delivery::{Deliverer, Mode, PassReport};
 use crate::listener::Session;
 use crate::pass_log::Trigger;
+use crate::recurring::Recurring;
 use crate::shutdown::any_cancelled;
 use crate::store::StoreError;
 use std::future::Future;
@@ -24,6 +26,10 @@ use tracing::{debug, error, info, warn};
 /// How long after its timeout (or a stop) `drain` waits for its last count of the rows left: a
 /// count answers in milliseconds, and the drain must exit by about its timeout.
 pub const LAST_COUNT_GRACE: Duration = Duration::from_secs(5);
+
+/// How long `drain` waits before asking for leadership again on a new session, after asking
+/// failed with an error.
+const LEAD_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// How `drain` failed.
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +202,7 @@ impl Relay {
         );
         let mut deliverer = self.deliverer();
         let mut waiting_logged = false;
+        let recurring = Recurring::default();
         let mut db_failures = 0u32;
         // A lost pooled connection, a server restarting: waited out until the timeout, as `run`
         // does, rather than ending the drain long before it. A missing table or privilege, or a
@@ -240,6 +247,7 @@ impl Relay {
                     term,
                     &[shutdown, timer],
                     &mut waiting_logged,
+                    &recurring,
                 )
                 .await
             {
@@ -321,6 +329,7 @@ impl Relay {
         term: &mut Option<Term>,
         stop: &[&CancellationToken],
         waiting_logged: &mut bool,
+        recurring: &Recurring,
     ) -> bool {
         if session.as_ref().is_none_or(Session::is_lost) {
             if let Some(old) = session.take() {
@@ -352,13 +361,26 @@ impl Relay {
         if term.is_some() {
             return true;
         }
-        let taken = s.try_lead().await.map_err(|e| self.pooler.check(&e));
-        let Some(taken) = taken.ok().flatten() else {
-            if !std::mem::replace(waiting_logged, true) {
-                info!("another relay is delivering; waiting for it");
+        let taken = match s.try_lead().await {
+            Ok(Some(taken)) => taken,
+            Ok(None) => {
+                if !std::mem::replace(waiting_logged, true) {
+                    info!("another relay is delivering; waiting for it");
+                }
+                self.nap(Duration::from_millis(100), stop).await;
+                return false;
             }
-            self.nap(Duration::from_millis(100), stop).await;
-            return false;
+            // Said with its cause and next step, as `run` says it, and asked again on a new
+            // session: this one may hold the leadership lock without a lease (the lock taken,
+            // the lease's record refused), and asking again on it would only stack the lock.
+            Err(e) => {
+                self.pooler.check(&e);
+                let why = self.explain(&e).await;
+                hint::log("cannot ask for leadership", &why, None, recurring);
+                *session = None;
+                self.nap(LEAD_AGAIN_AFTER, stop).await;
+                return false;
+            }
         };
         let stops: Vec<&CancellationToken> = stop.iter().copied().chain([s.lost()]).collect();
         let (t, waited) = self.begin_term(taken, &stops).await;

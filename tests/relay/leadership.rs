@@ -813,6 +813,44 @@ async fn drain_lets_go_of_leadership_when_it_fails() {
     );
 }
 
+/// `drain` whose every ask for leadership fails (here a trigger refuses the leader's record, as
+/// a maintenance rule or a missing privilege would) says why, with the cause, instead of waiting
+/// for "another relay" that does not exist, and exits 1 by its timeout with the rows pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_that_cannot_ask_for_leadership_says_why() {
+    let env = Env::start().await;
+    let client = env.db.connect().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse_leader() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN RAISE EXCEPTION 'leader record frozen for maintenance'; END $$; \
+             CREATE TRIGGER refuse_leader BEFORE INSERT OR UPDATE ON fga_outbox_leader \
+             FOR EACH ROW EXECUTE FUNCTION refuse_leader();",
+        )
+        .await
+        .unwrap();
+    insert_viewers(&client, "d", "document:d", 3).await;
+    let out = env.command(&["drain", "--timeout", "3s"]).output().unwrap();
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}; its log:\n{logs}",
+        out.status
+    );
+    for said in [
+        "cannot ask for leadership",
+        "leader record frozen for maintenance",
+    ] {
+        assert!(logs.contains(said), "{said:?} not said; its log:\n{logs}");
+    }
+    assert!(
+        !logs.contains("another relay is delivering"),
+        "no other relay runs; its log:\n{logs}"
+    );
+    assert_eq!(env.pending().await, 3);
+}
+
 /// The OIDC token a Write needs is fetched before it, as a step of its own under its own request
 /// timeout, and the Write's deadline starts after it: a token that takes 1.5 s and a Write that
 /// takes 1.5 s more (each within the 2 s request timeout) deliver the row at the first try. The
