@@ -137,15 +137,20 @@ impl Lease {
             .transpose()
     }
 
-    /// Ends one session of this relay's own that it has given up on (its connection lost): it
-    /// may still hold the leadership lock on the server. Returns whether it was ended.
+    /// Ends one session of this relay's own that it has given up on (its connection lost), if
+    /// it still holds the leadership lock (`lock`'s keys) on the server. Returns whether it was
+    /// ended.
     pub async fn end_session(
         &self,
         client: &Client,
         backend: Backend,
+        lock: (i32, i32),
     ) -> Result<bool, tokio_postgres::Error> {
         let row = client
-            .query_opt(&self.end_session, &[&backend.pid, &backend.started])
+            .query_opt(
+                &self.end_session,
+                &[&backend.pid, &backend.started, &lock.0, &lock.1],
+            )
             .await?;
         Ok(match row {
             Some(r) => r.try_get("ended")?,

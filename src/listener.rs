@@ -276,7 +276,9 @@ impl Session {
 
     /// Ends an earlier session of this relay's own (see [`Lease::end_session`]).
     pub async fn end_session(&self, backend: Backend) -> Result<bool, tokio_postgres::Error> {
-        self.lease.end_session(&self.client, backend).await
+        self.lease
+            .end_session(&self.client, backend, (LEADER_LOCK_CLASS, self.oid))
+            .await
     }
 
     /// The pid of the PostgreSQL session answering now: [`Session::backend`]'s, unless a

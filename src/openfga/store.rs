@@ -220,7 +220,12 @@ impl FgaClient {
         let Some(id) = self.configured_store_id() else {
             return false;
         };
-        let found = matches!(self.get_store(id).await, Ok(Some(_)));
+        // Unanswered within a Write's deadline counts as not found: the rows are held, not
+        // given up on.
+        let found = matches!(
+            self.within_deadline("GetStore", self.get_store(id)).await,
+            Ok(Ok(Some(_)))
+        );
         if found {
             self.store_seen
                 .lock()

@@ -533,6 +533,16 @@ impl Relay {
         info!(previous = taken.previous.as_deref().unwrap_or("?"), wait = ?wait,
             "delivering (leader); the previous leader did not let go cleanly, so waiting until \
              no Write of its can land before the first write");
+        // Longer than any wait this relay's own settings make: waited out all the same (another
+        // relay's settings may make it), but said, since a clock stepped back makes it too.
+        let longest = self.delivery.leader_lease + self.delivery.fence(self.fga.request_timeout);
+        if wait > longest {
+            warn!(wait = ?wait, longest = ?longest,
+                "the wait before the first Write is longer than this relay's lease and fence \
+                 make it: a relay with a longer --leader-lease or --request-timeout led before, \
+                 or PostgreSQL's clock was set back (compare `SELECT now()` with the time); \
+                 delivery begins when the wait ends");
+        }
         let waited = self.nap(wait, stop).await;
         (Term { inherited }, waited)
     }
