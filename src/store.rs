@@ -387,14 +387,16 @@ impl Store {
     }
 
     /// Records on a pending row what the relay skips of it, without counting an attempt.
+    /// False when another session holds the row (or it is no longer pending): nothing written.
     pub async fn record_skipped(
         &self,
         tx: &impl GenericClient,
         id: i64,
         what: &str,
-    ) -> Result<u64, tokio_postgres::Error> {
+    ) -> Result<bool, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.record_skipped).await?;
-        tx.execute(&stmt, &[&id, &what]).await
+        let row = tx.query_one(&stmt, &[&id, &what]).await?;
+        Ok(row.try_get::<_, i64>("held")? > 0)
     }
 
     /// Dead rows (all, or those of `ids`; of every store, or of `store`: see

@@ -1,9 +1,17 @@
 -- Records on a pending row which of its operations the relay skips (superseded by later rows),
 -- without counting an attempt. $1: the id, $2: what was skipped. A row another session holds is
--- left alone (SKIP LOCKED), so that the stream does not wait for that session: such a row is
--- marked only once it is let go (sql/queries/mark_finished.sql), and looked at again first.
-UPDATE fga_outbox
-SET last_error = $2
-WHERE id = (SELECT id FROM fga_outbox
-             WHERE id = $1 AND processed_at IS NULL AND last_error IS DISTINCT FROM $2
-             FOR UPDATE SKIP LOCKED)
+-- left alone (SKIP LOCKED), so that the stream does not wait for that session: such a row waits
+-- like any row another session holds, and is looked at again (its note written then). Returns
+-- whether the row was held here (its note written now or before): 0 when another session holds
+-- it, or it is no longer pending.
+WITH held AS (
+    SELECT id, last_error FROM fga_outbox
+    WHERE id = $1 AND processed_at IS NULL
+    FOR UPDATE SKIP LOCKED
+), noted AS (
+    UPDATE fga_outbox o
+    SET last_error = $2
+    FROM held h
+    WHERE o.id = h.id AND h.last_error IS DISTINCT FROM $2
+)
+SELECT count(*) AS held FROM held

@@ -207,26 +207,29 @@ impl Core {
 
     /// Lets go of the queued rows of stores held now: they leave the hand, and are read again,
     /// in id order, once their store's hold is over (a held store's rows are not read
-    /// meanwhile). For a queue at its bound with them, so that rows of held stores never take
-    /// the room other stores' rows are read into. Not the rows whose state would be lost with
-    /// them: ones that bar their store, wait to be marked or looked at, or have operations
-    /// OpenFGA applied already. Returns when the first of those holds ends (the stream reads
-    /// then: no row in the queue says so any more), if any row left.
-    pub(super) fn let_go_held(&mut self, now: Instant) -> Option<Instant> {
-        let mut first_end: Option<Instant> = None;
+    /// meanwhile; its hold's end comes due, see [`Core::holds_due`]). For a queue at its bound
+    /// with them, so that rows of held stores never take the room other stores' rows are read
+    /// into. Only the rows of a store above every row of it that stays: one whose state would
+    /// be lost with it (see [`Memo::kept_in_hand`]; or it bars its store, or waits to be marked
+    /// or looked at) stays, and a row let go below it would be read again after it, and could
+    /// be overtaken by it. What is forgotten of the rows let go (the smaller Writes a failed
+    /// Write of several rows left them) is learnt again.
+    /// Returns whether any row was let go.
+    pub(super) fn let_go_held(&mut self, now: Instant) -> bool {
+        let mut kept: HashSet<&Option<Arc<str>>> = HashSet::new();
         let mut held: Vec<i64> = Vec::new();
-        for c in self.queue.values() {
-            let Some(until) = self.lanes.held(&c.target, now) else {
+        for c in self.queue.values().rev() {
+            if kept.contains(&c.target.store) || self.lanes.held(&c.target, now).is_none() {
                 continue;
-            };
+            }
             if c.malformed
                 || self.to_mark.contains(&c.id)
                 || self.unchecked.contains_key(&c.id)
-                || self.memo.get(&c.id).is_some_and(|m| !m.done.is_empty())
+                || self.memo.get(&c.id).is_some_and(Memo::kept_in_hand)
             {
+                kept.insert(&c.target.store);
                 continue;
             }
-            first_end = Some(first_end.map_or(until, |t| t.min(until)));
             held.push(c.id);
         }
         for id in &held {
@@ -235,7 +238,16 @@ impl Core {
         }
         // They could not go: they were counted stuck.
         self.stuck = self.stuck.saturating_sub(held.len());
-        first_end
+        !held.is_empty()
+    }
+
+    /// The end of the first store's hold comes due: the rows of held stores are left out of
+    /// reads (and may have been let go), and are read once their store's hold ends, whether or
+    /// not any of its rows is in hand.
+    pub(super) fn holds_due(&mut self, now: Instant) {
+        if let Some(end) = self.lanes.first_hold_end(now) {
+            self.due_at(end);
+        }
     }
 
     /// The rows in the queue that bar their store (`Candidate::malformed`) whose wait is over:
@@ -359,6 +371,31 @@ impl Core {
         self.memo.entry(id).or_default().retry_at = Some(at);
         self.report.held += 1;
         self.due_at(at);
+    }
+
+    /// Queues row `c` as a bar to the later rows of its store (its operations unknown for now:
+    /// another session holds it, or it cannot be decoded), held back briefly, to be looked at
+    /// again by id.
+    pub(super) fn bar(&mut self, c: Candidate, now: Instant) {
+        let id = c.id;
+        self.admit(Candidate {
+            ops: Arc::from(Vec::new()),
+            hashes: Vec::new(),
+            malformed: true,
+            anywhere: false,
+            ..c
+        });
+        self.bars += 1;
+        self.hold_back(id, now);
+    }
+
+    /// A retried row whose note of superseded operations could not be written (another session
+    /// holds it): it waits in its place, keeping its tuples, and is looked at again after a
+    /// while (`Deliverer::check_retried`), its note written then, before it may go.
+    pub(super) fn note_held_off(&mut self, id: i64, retried_at: SystemTime, now: Instant) {
+        self.unchecked.insert(id, retried_at);
+        self.report.locked += 1;
+        self.hold_back(id, now);
     }
 
     /// Rows with nothing left to send, marked delivered: their tuples go.

@@ -206,6 +206,14 @@ impl Lanes {
         lane.held_until.filter(|at| *at > now)
     }
 
+    /// When the first hold of a store held now ends.
+    pub(super) fn first_hold_end(&self, now: Instant) -> Option<Instant> {
+        self.lanes
+            .values()
+            .filter_map(|l| l.held_until.filter(|t| *t > now))
+            .min()
+    }
+
     /// The stores held now, as lanes are keyed (`None`: the configured store).
     pub(super) fn held_stores(&self, now: Instant) -> Vec<Option<Arc<str>>> {
         self.lanes

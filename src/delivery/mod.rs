@@ -69,6 +69,19 @@ struct Memo {
     checked: Option<SystemTime>,
 }
 
+impl Memo {
+    /// Whether a row is kept in hand for what is remembered of it, when rows of held stores
+    /// are let go (`Core::let_go_held`): its strikes and its own backoff (forgotten, a row that
+    /// fails alone would never reach `max_attempts`), operations already applied, parts
+    /// OpenFGA found too large.
+    fn kept_in_hand(&self) -> bool {
+        self.strikes > 0
+            || self.retry_at.is_some()
+            || !self.done.is_empty()
+            || self.max_part.is_some()
+    }
+}
+
 /// What the stream did since it last said so.
 #[derive(Debug, Default, Clone)]
 pub struct PassReport {

@@ -155,6 +155,10 @@ impl Core {
             return true;
         }
         if self.to_mark.contains(&c.id) || self.unchecked.contains_key(&c.id) {
+            // A retried row whose note another session's lock held off is looked at then.
+            if let Some(at) = retry_at.filter(|at| *at > now) {
+                scan.due_at(at);
+            }
             return scan.wait(c);
         }
         let held = self
@@ -289,6 +293,9 @@ impl Deliverer {
     /// They count as done (a row left with nothing to send is marked delivered without a Write),
     /// and are logged and recorded in the row's `last_error`. Looked for once, when the row is
     /// first read: while it is pending, no later row on its tuples is delivered before it.
+    /// False when the note could not be written (another session holds the row): nothing is
+    /// taken as done then; the row waits in its place and is looked at again
+    /// (`Core::note_held_off`).
     pub(super) async fn skip_superseded(
         &mut self,
         conn: &impl GenericClient,
@@ -296,22 +303,21 @@ impl Deliverer {
         ops: &[Op],
         target: &Target,
         configured: Option<&str>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
         let skipped = self
             .store
             .superseded(conn, id, &keys, target.store_key(), configured)
             .await?;
         if !skipped.is_empty() {
-            let list: Vec<String> = skipped
+            let found: Vec<(&Op, i64)> = skipped
                 .iter()
                 .filter_map(|&(i, by)| ops.get(i).map(|op| (op, by)))
-                .map(|(op, by)| {
-                    let kind = if op.is_write() { "write" } else { "delete" };
-                    warn!(id, operation = %format!("{kind} {}", op.key()), superseded_by = by,
-                        "retried row: operation superseded by a later delivered row; skipped");
-                    format!("{kind} {} (row {by})", op.key())
-                })
+                .collect();
+            let kind = |op: &Op| if op.is_write() { "write" } else { "delete" };
+            let list: Vec<String> = found
+                .iter()
+                .map(|(op, by)| format!("{} {} (row {by})", kind(op), op.key()))
                 .collect();
             let note = format!(
                 "retried: skipped {} of {} operations, superseded by later delivered rows: {}",
@@ -319,10 +325,16 @@ impl Deliverer {
                 ops.len(),
                 list.join(", ")
             );
-            self.store.record_skipped(conn, id, &note).await?;
+            if !self.store.record_skipped(conn, id, &note).await? {
+                return Ok(false);
+            }
+            for (op, by) in found {
+                warn!(id, operation = %format!("{} {}", kind(op), op.key()), superseded_by = by,
+                    "retried row: operation superseded by a later delivered row; skipped");
+            }
         }
         let m = self.core.memo.entry(id).or_default();
         m.done.extend(skipped.iter().map(|&(i, _)| i));
-        Ok(())
+        Ok(true)
     }
 }

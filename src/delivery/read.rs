@@ -85,13 +85,28 @@ impl Deliverer {
         let now = Instant::now();
         self.left_out = self.core.lanes.held_stores(now);
         self.left_out.extend(self.full.iter().cloned());
+        // Cleared on every way out, errors included: the rows looked at again later are not of
+        // this read.
+        let read = self.claim_into_queue(&hand, &closed, limit, lock).await;
+        self.left_out.clear();
+        read
+    }
+
+    /// [`Deliverer::read_page`]'s reading, with the lanes left out of it set.
+    async fn claim_into_queue(
+        &mut self,
+        hand: &[i64],
+        closed: &[&str],
+        limit: usize,
+        lock: bool,
+    ) -> Result<usize, StoreError> {
         // A connection left inside a transaction by an error is closed, not pooled.
         let tx = WriteTx(Some(self.store.pool().get().await?));
         let conn = tx.conn();
         let locked = match lock {
             true => {
                 self.store
-                    .claim_locked(conn, &hand, &closed, limit as i64)
+                    .claim_locked(conn, hand, closed, limit as i64)
                     .await?
             }
             false => None,
@@ -100,12 +115,10 @@ impl Deliverer {
         let mut open = locked.is_some();
         let rows = match locked {
             Some(rows) => rows,
-            None => self.store.claim(conn, &hand, &closed, limit as i64).await?,
+            None => self.store.claim(conn, hand, closed, limit as i64).await?,
         };
         let n = rows.len();
-        let queued = self.queue_rows(conn, rows, &mut open).await;
-        self.left_out.clear();
-        let (ids, stopped) = queued?;
+        let (ids, stopped) = self.queue_rows(conn, rows, &mut open).await?;
         if open && ids.len() == n && n > 0 {
             self.spare = Some(Spare { tx, ids });
         } else if open {
@@ -134,7 +147,7 @@ impl Deliverer {
                 Ok(Some(id)) => ids.push(id),
                 Ok(None) => {}
                 Err(Unqueued::Unresolved) => {
-                    self.read_again_at = Some(Instant::now() + UNRESOLVED_STORE_WAIT);
+                    self.read_again_by(Instant::now() + UNRESOLVED_STORE_WAIT);
                     return Ok((ids, true));
                 }
             }
@@ -222,9 +235,14 @@ impl Deliverer {
                     superseded it";
                 return Ok(Err(unresolved(&self.said, row.id, store, what)));
             };
-            self.skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
-                .await?;
-            self.core.memo.entry(row.id).or_default().checked = Some(at);
+            if self
+                .skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
+                .await?
+            {
+                self.core.memo.entry(row.id).or_default().checked = Some(at);
+            } else {
+                self.core.note_held_off(row.id, at, Instant::now());
+            }
         }
         self.core.admit(Candidate {
             id: row.id,
@@ -239,6 +257,11 @@ impl Deliverer {
         Ok(Ok(Some(row.id)))
     }
 
+    /// Reads again by `at` at the latest.
+    fn read_again_by(&mut self, at: Instant) {
+        self.read_again_at = Some(self.read_again_at.map_or(at, |t| t.min(at)));
+    }
+
     /// Looks for the superseded operations of the retried rows that waited for the Writes in
     /// flight on their tuples (see `Core::unchecked`), once none is: the rows those Writes
     /// delivered are marked by then, and found.
@@ -247,6 +270,7 @@ impl Deliverer {
             return Ok(());
         }
         let core = &self.core;
+        let now = Instant::now();
         let ready: Vec<(i64, std::time::SystemTime)> = core
             .unchecked
             .iter()
@@ -254,6 +278,10 @@ impl Deliverer {
                 core.queue
                     .get(id)
                     .is_none_or(|c| !c.hashes.iter().any(|h| core.in_flight.contains_key(h)))
+            })
+            .filter(|(id, _)| {
+                let memo = core.memo.get(id);
+                memo.and_then(|m| m.retry_at).is_none_or(|at| at <= now)
             })
             .map(|(id, at)| (*id, *at))
             .collect();
@@ -263,7 +291,7 @@ impl Deliverer {
         let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
             // Which later rows are of its store cannot be told yet: they wait, and the stream
             // looks again with its next read.
-            self.read_again_at = Some(Instant::now() + UNRESOLVED_STORE_WAIT);
+            self.read_again_by(Instant::now() + UNRESOLVED_STORE_WAIT);
             return Ok(());
         };
         let conn = self.store.pool().get().await?;
@@ -273,10 +301,15 @@ impl Deliverer {
                 continue;
             };
             let (ops, target) = (c.ops.clone(), c.target.clone());
-            self.skip_superseded(&conn, id, &ops, &target, Some(&configured))
-                .await?;
-            self.core.memo.entry(id).or_default().checked = Some(at);
-            self.core.unchecked.remove(&id);
+            if self
+                .skip_superseded(&conn, id, &ops, &target, Some(&configured))
+                .await?
+            {
+                self.core.memo.entry(id).or_default().checked = Some(at);
+                self.core.unchecked.remove(&id);
+            } else {
+                self.core.note_held_off(id, at, Instant::now());
+            }
         }
         Ok(())
     }
@@ -306,18 +339,19 @@ impl Deliverer {
                 Target::of(named.as_ref(), None, configured)
             }
         };
-        self.core.admit(Candidate {
-            id,
-            created_at,
-            ops: Arc::from(Vec::new()),
-            target,
-            hashes: Vec::new(),
-            text: text.into(),
-            malformed: true,
-            anywhere: false,
-        });
-        self.core.bars += 1;
-        self.core.hold_back(id, Instant::now());
+        self.core.bar(
+            Candidate {
+                id,
+                created_at,
+                ops: Arc::from(Vec::new()),
+                target,
+                hashes: Vec::new(),
+                text: text.into(),
+                malformed: true,
+                anywhere: false,
+            },
+            Instant::now(),
+        );
         Ok(())
     }
 

@@ -177,11 +177,7 @@ impl Deliverer {
         if ready >= batch {
             return false;
         }
-        let Some(end) = self.core.let_go_held(Instant::now()) else {
-            return false;
-        };
-        self.read_again_at = Some(self.read_again_at.map_or(end, |t| t.min(end)));
-        self.queue_has_room()
+        self.core.let_go_held(Instant::now()) && self.queue_has_room()
     }
 
     /// Counts what a read found, and says from it whether rows come faster than one a poll
@@ -202,6 +198,7 @@ impl Deliverer {
     pub(super) async fn launch(&mut self, turn: &mut Turn<'_>) {
         self.core.due = None;
         self.core.stuck = 0;
+        self.core.holds_due(Instant::now());
         while turn.launching && turn.flights.len() < self.core.window() {
             let Some(plan) = self.core.plan(Instant::now()) else {
                 break;

@@ -502,9 +502,10 @@ async fn a_row_retried_while_a_later_row_on_its_tuple_is_in_flight_is_not_replay
 
 /// A retried row whose operation a later delivered row superseded, held by another session (an
 /// operator's open transaction): its note and its mark skip it (SKIP LOCKED) rather than wait,
-/// so a row on another tuple flows meanwhile; and once let go, the retried row is marked.
-/// Fails with the note's or the mark's UPDATE waiting for the lock (sql/queries/record_skipped.sql,
-/// sql/queries/mark_finished.sql).
+/// so a row on another tuple flows meanwhile; and once let go, the retried row gets its note
+/// and is marked. Fails with the note's or the mark's UPDATE waiting for the lock
+/// (sql/queries/record_skipped.sql, sql/queries/mark_finished.sql), and with the row taken as
+/// checked though its note was skipped (`Deliverer::skip_superseded`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_row_another_session_holds_never_stops_the_other_rows() {
     let env = Env::start().await;
@@ -556,4 +557,11 @@ async fn a_retried_row_another_session_holds_never_stops_the_other_rows() {
     );
     env.wait_delivered(grant).await;
     assert!(!env.fga.has("user:anne", "viewer", "document:1"));
+    // Its note was not lost to the lock: written once the row was let go, before its mark.
+    let note = env.row(grant).await.last_error.unwrap_or_default();
+    assert!(
+        note.starts_with("retried: skipped 1 of 1 operations"),
+        "the retried row's note is {note:?}; relay log:\n{}",
+        relay.logs()
+    );
 }

@@ -1029,6 +1029,54 @@ async fn rows_of_paused_stores_never_fill_the_queue_before_another_stores_rows()
     );
 }
 
+/// Rows of paused stores let go for a queue at its bound are read again when their own store's
+/// pause ends, not only the first store's: four stores pause for 4 s and four for 12 s (one
+/// `Retry-After` each), their rows fill the queue's bound, and a row of the configured store is
+/// committed (its read lets them go). With no other commit and no sweep (every 10 minutes),
+/// every row is delivered soon after the longer pause. Fails with only the first pause's end
+/// coming due (`Core::holds_due`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_let_go_are_read_again_when_their_own_stores_pause_ends() {
+    let env = Env::start().await;
+    let mut paused = Vec::new();
+    for i in 0..8 {
+        let s = env.fga.add_store();
+        let pause = if i < 4 { 4 } else { 12 };
+        env.fga
+            .push_fault(FaultRule::times(Fault::rate_limited(pause), 1).when_store(&s));
+        for n in 0..2 {
+            let row = writes(&[tk(&format!("user:p{i}x{n}"), "viewer", "document:p")]);
+            paused.push(env.insert(in_store(row, &s)).await);
+        }
+    }
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_BATCH_SIZE", "2"),
+        ("FGA_RELAY_SWEEP_INTERVAL", "10m"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(PROMPTLY, "every paused store's rows were tried", || async {
+        let mut tried = true;
+        for id in &paused {
+            tried &= env.row(*id).await.attempts >= 1;
+        }
+        tried
+    })
+    .await;
+    let flowing = env
+        .insert(writes(&[tk("user:q", "viewer", "document:1")]))
+        .await;
+    paused.push(flowing);
+    // The longer pause, and as long again: well before the sweep.
+    let delivered = env
+        .all_delivered_within(&paused, Duration::from_secs(40))
+        .await;
+    assert!(
+        delivered,
+        "rows of a store paused longer than another waited for the sweep; relay log:\n{}",
+        relay.logs()
+    );
+}
+
 /// A read made while `--store-name` is unresolved leaves out the rows naming no store (their
 /// lane held) but cannot leave out those naming the configured store's id, which it does not
 /// know yet. When the name resolves during that read, such a row is not queued ahead of a lower
