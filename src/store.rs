@@ -7,6 +7,17 @@ use deadpool_postgres::{GenericClient, Pool};
 use std::time::SystemTime;
 use tokio_postgres::Statement;
 
+/// What became of a note on a pending row ([`Store::record_skipped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Noted {
+    /// Written (or there already).
+    Written,
+    /// Not written: another session holds the row.
+    HeldElsewhere,
+    /// Not written: the row is no longer pending (delivered, dead-lettered or deleted).
+    Gone,
+}
+
 /// A row as claimed for delivery.
 #[derive(Debug)]
 pub struct ClaimedRow {
@@ -387,16 +398,21 @@ impl Store {
     }
 
     /// Records on a pending row what the relay skips of it, without counting an attempt.
-    /// False when another session holds the row (or it is no longer pending): nothing written.
     pub async fn record_skipped(
         &self,
         tx: &impl GenericClient,
         id: i64,
         what: &str,
-    ) -> Result<bool, tokio_postgres::Error> {
+    ) -> Result<Noted, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.record_skipped).await?;
         let row = tx.query_one(&stmt, &[&id, &what]).await?;
-        Ok(row.try_get::<_, i64>("held")? > 0)
+        Ok(
+            match (row.try_get::<_, bool>("held")?, row.try_get("pending")?) {
+                (true, _) => Noted::Written,
+                (false, true) => Noted::HeldElsewhere,
+                (false, false) => Noted::Gone,
+            },
+        )
     }
 
     /// Dead rows (all, or those of `ids`; of every store, or of `store`: see

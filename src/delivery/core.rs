@@ -212,8 +212,7 @@ impl Core {
     /// into. Only the rows of a store above every row of it that stays: one whose state would
     /// be lost with it (see [`Memo::kept_in_hand`]; or it bars its store, or waits to be marked
     /// or looked at) stays, and a row let go below it would be read again after it, and could
-    /// be overtaken by it. What is forgotten of the rows let go (the smaller Writes a failed
-    /// Write of several rows left them) is learnt again.
+    /// be overtaken by it. What is remembered of the rows let go stays with their ids.
     /// Returns whether any row was let go.
     pub(super) fn let_go_held(&mut self, now: Instant) -> bool {
         let mut kept: HashSet<&Option<Arc<str>>> = HashSet::new();
@@ -234,7 +233,10 @@ impl Core {
         }
         for id in &held {
             self.queue.remove(id);
-            self.memo.remove(id);
+            // Looked at again for superseding rows when read again: it may have changed.
+            if let Some(m) = self.memo.get_mut(id) {
+                m.checked = None;
+            }
         }
         // They could not go: they were counted stuck.
         self.stuck = self.stuck.saturating_sub(held.len());
@@ -355,6 +357,18 @@ impl Core {
         self.report.dead += 1;
     }
 
+    /// A row in the queue was delivered or dead-lettered by another session (or deleted): it
+    /// leaves the hand, and its tuples with it.
+    pub(super) fn gone(&mut self, id: i64) {
+        if let Some(c) = self.queue.remove(&id)
+            && c.malformed
+        {
+            self.bars = self.bars.saturating_sub(1);
+        }
+        self.unchecked.remove(&id);
+        self.memo.remove(&id);
+    }
+
     /// A row could not be dead-lettered (another session holds it, or changed it): it stays
     /// pending, in the queue, held back briefly, and keeps its tuples, so that no later row on
     /// them overtakes it; its Write is tried again.
@@ -393,6 +407,10 @@ impl Core {
     /// holds it): it waits in its place, keeping its tuples, and is looked at again after a
     /// while (`Deliverer::check_retried`), its note written then, before it may go.
     pub(super) fn note_held_off(&mut self, id: i64, retried_at: SystemTime, now: Instant) {
+        tracing::debug!(
+            id,
+            "a retried row another session holds: it waits for its note of superseded operations"
+        );
         self.unchecked.insert(id, retried_at);
         self.report.locked += 1;
         self.hold_back(id, now);

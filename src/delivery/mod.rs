@@ -71,14 +71,13 @@ struct Memo {
 
 impl Memo {
     /// Whether a row is kept in hand for what is remembered of it, when rows of held stores
-    /// are let go (`Core::let_go_held`): its strikes and its own backoff (forgotten, a row that
-    /// fails alone would never reach `max_attempts`), operations already applied, parts
-    /// OpenFGA found too large.
+    /// are let go (`Core::let_go_held`): operations already applied, counted by their index in
+    /// the row as it was read (a row let go may be changed before it is read again). The rest
+    /// of what is remembered of a row let go stays with its id (its strikes, its own backoff,
+    /// the size of the Writes it may go in), so that a row that keeps failing is still found
+    /// out and given up on.
     fn kept_in_hand(&self) -> bool {
-        self.strikes > 0
-            || self.retry_at.is_some()
-            || !self.done.is_empty()
-            || self.max_part.is_some()
+        !self.done.is_empty()
     }
 }
 
@@ -217,6 +216,7 @@ impl Deliverer {
     pub fn forget(&mut self) {
         self.core.forget();
         self.spare = None;
+        self.left_out.clear();
         self.ahead = Ahead::default();
         self.want_read = true;
     }

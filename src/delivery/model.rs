@@ -703,9 +703,10 @@ impl World {
     }
 }
 
-/// Rows of a held store are let go only above every row of it kept in hand (one with something
-/// remembered of it that would be lost, or waiting to be looked at): a row let go below a kept
-/// one would be read again after it, and the kept one could be sent first on their tuple.
+/// Rows of a held store are let go only above every row of it kept in hand (one with operations
+/// applied already, or waiting to be looked at): a row let go below a kept one would be read
+/// again after it, and the kept one could be sent first on their tuple. A row let go keeps its
+/// strikes.
 #[test]
 fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
     let mut world = World::new(None);
@@ -740,13 +741,17 @@ fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
         Some(Duration::from_secs(5)),
         now,
     );
-    // Row 2 waits to be looked at (a retried row), row 3 has failed alone (its strikes).
+    // Row 2 waits to be looked at (a retried row), row 3 has an operation applied already, row 4
+    // has failed alone (its strikes).
     world.core.unchecked.insert(2, SystemTime::now());
-    world.core.memo.entry(3).or_default().strikes = 1;
+    world.core.memo.entry(3).or_default().done.insert(0);
+    world.core.memo.entry(4).or_default().strikes = 2;
     assert!(world.core.let_go_held(now));
     let kept: Vec<i64> = world.core.queue.keys().copied().collect();
     assert_eq!(kept, vec![1, 2, 3, 5]);
     assert!(!world.core.let_go_held(now), "nothing more may go");
+    // What is known of a row let go stays with its id, for when it is read again.
+    assert_eq!(world.core.memo.get(&4).map(|m| m.strikes), Some(2));
 }
 
 fn cases() -> u32 {

@@ -39,7 +39,7 @@ use super::Deliverer;
 use super::core::Core;
 use crate::openfga::Target;
 use crate::payload::{Op, TupleKey};
-use crate::store::StoreError;
+use crate::store::{Noted, StoreError};
 use deadpool_postgres::GenericClient;
 use std::collections::HashSet;
 use std::collections::hash_map::DefaultHasher;
@@ -148,7 +148,8 @@ impl Core {
         if c.malformed || scan.all_barred || scan.barred.contains(&c.target.store) {
             scan.barred.insert(c.target.store.clone());
             scan.all_barred |= c.anywhere;
-            if let Some(at) = retry_at {
+            // A backoff already over is no due: the stream would wake at once, again and again.
+            if let Some(at) = retry_at.filter(|at| *at > now) {
                 scan.due_at(at);
             }
             scan.stuck += 1;
@@ -293,9 +294,8 @@ impl Deliverer {
     /// They count as done (a row left with nothing to send is marked delivered without a Write),
     /// and are logged and recorded in the row's `last_error`. Looked for once, when the row is
     /// first read: while it is pending, no later row on its tuples is delivered before it.
-    /// False when the note could not be written (another session holds the row): nothing is
-    /// taken as done then; the row waits in its place and is looked at again
-    /// (`Core::note_held_off`).
+    /// When the note could not be written (another session holds the row, or it is gone),
+    /// nothing is taken as done, and the caller is told which.
     pub(super) async fn skip_superseded(
         &mut self,
         conn: &impl GenericClient,
@@ -303,7 +303,7 @@ impl Deliverer {
         ops: &[Op],
         target: &Target,
         configured: Option<&str>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Noted, StoreError> {
         let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
         let skipped = self
             .store
@@ -325,8 +325,9 @@ impl Deliverer {
                 ops.len(),
                 list.join(", ")
             );
-            if !self.store.record_skipped(conn, id, &note).await? {
-                return Ok(false);
+            let noted = self.store.record_skipped(conn, id, &note).await?;
+            if noted != Noted::Written {
+                return Ok(noted);
             }
             for (op, by) in found {
                 warn!(id, operation = %format!("{} {}", kind(op), op.key()), superseded_by = by,
@@ -335,6 +336,6 @@ impl Deliverer {
         }
         let m = self.core.memo.entry(id).or_default();
         m.done.extend(skipped.iter().map(|&(i, _)| i));
-        Ok(true)
+        Ok(Noted::Written)
     }
 }

@@ -15,7 +15,7 @@ use super::write::{Spare, WriteTx};
 use crate::openfga::Target;
 use crate::payload::Payload;
 use crate::recurring::Recurring;
-use crate::store::{ClaimedRow, StoreError};
+use crate::store::{ClaimedRow, Noted, StoreError};
 use deadpool_postgres::GenericClient;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -235,13 +235,17 @@ impl Deliverer {
                     superseded it";
                 return Ok(Err(unresolved(&self.said, row.id, store, what)));
             };
-            if self
+            match self
                 .skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
                 .await?
             {
-                self.core.memo.entry(row.id).or_default().checked = Some(at);
-            } else {
-                self.core.note_held_off(row.id, at, Instant::now());
+                Noted::Written => self.core.memo.entry(row.id).or_default().checked = Some(at),
+                Noted::HeldElsewhere => self.core.note_held_off(row.id, at, Instant::now()),
+                // Delivered or dead-lettered by another session since it was read.
+                Noted::Gone => {
+                    self.core.memo.remove(&row.id);
+                    return Ok(Ok(None));
+                }
             }
         }
         self.core.admit(Candidate {
@@ -301,14 +305,16 @@ impl Deliverer {
                 continue;
             };
             let (ops, target) = (c.ops.clone(), c.target.clone());
-            if self
+            match self
                 .skip_superseded(&conn, id, &ops, &target, Some(&configured))
                 .await?
             {
-                self.core.memo.entry(id).or_default().checked = Some(at);
-                self.core.unchecked.remove(&id);
-            } else {
-                self.core.note_held_off(id, at, Instant::now());
+                Noted::Written => {
+                    self.core.memo.entry(id).or_default().checked = Some(at);
+                    self.core.unchecked.remove(&id);
+                }
+                Noted::HeldElsewhere => self.core.note_held_off(id, at, Instant::now()),
+                Noted::Gone => self.core.gone(id),
             }
         }
         Ok(())

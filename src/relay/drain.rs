@@ -377,7 +377,11 @@ impl Relay {
                 self.pooler.check(&e);
                 let why = self.explain(&e).await;
                 hint::log("cannot ask for leadership", &why, None, recurring);
-                *session = None;
+                // As a lost session: it may hold the lock on the server still (the lock taken,
+                // its answer lost), and is ended from the next one.
+                if let Some(old) = session.take() {
+                    self.abandon(&old);
+                }
                 self.nap(LEAD_AGAIN_AFTER, stop).await;
                 return false;
             }

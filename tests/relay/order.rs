@@ -319,6 +319,68 @@ pub(crate) fn invalid(user: &str, relation: &str, object: &str) -> FaultRule {
     .when_tuple(user, relation, object)
 }
 
+/// A retried row whose note another session held off, which that session then finishes itself
+/// (marks it delivered, as an operator settling it by hand would): the relay lets it go, and a
+/// later row on its tuple is delivered. Fails with the row kept waiting for its note for ever
+/// (`Noted::Gone` taken for `Noted::HeldElsewhere`): the later row never left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_row_another_session_finishes_while_its_note_waits_frees_its_tuple() {
+    let env = Env::start().await;
+    env.fga
+        .push_fault(invalid("user:anne", "viewer", "document:1"));
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    let grant = env.insert(writes(&anne())).await;
+    let mut relay = env.start_relay().await;
+    wait_until(PROMPTLY, "the grant is dead", || async {
+        env.row(grant).await.dead
+    })
+    .await;
+    let revoke = env.insert(deletes(&anne())).await;
+    env.wait_delivered(revoke).await;
+    relay.term();
+    relay.wait_exit(Duration::from_secs(20)).await;
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = NULL WHERE id = $1",
+            &[&grant],
+        )
+        .await
+        .unwrap();
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT id FROM fga_outbox WHERE id = $1 FOR UPDATE",
+            &[&grant],
+        )
+        .await
+        .unwrap();
+    let relay = env.start_relay().await;
+    relay
+        .wait_for_log("it waits for its note of superseded operations")
+        .await;
+    holder
+        .execute(
+            "UPDATE fga_outbox SET processed_at = now() WHERE id = $1",
+            &[&grant],
+        )
+        .await
+        .unwrap();
+    holder.batch_execute("COMMIT").await.unwrap();
+    let again = env.insert(writes(&anne())).await;
+    let delivered = env
+        .all_delivered_within(&[again], Duration::from_secs(10))
+        .await;
+    assert!(
+        delivered,
+        "a later row on the tuple of a retried row finished by another session never left; \
+         relay log:\n{}",
+        relay.logs()
+    );
+    assert!(env.fga.has("user:anne", "viewer", "document:1"));
+}
+
 /// `fga-relay retry` never replays a dead row's operation over a later row's operation on the
 /// same tuple that OpenFGA already applied: a grant dead-lettered (the model did not allow it
 /// yet), a later revoke of it delivered, then the dead row retried, leaves the tuple revoked.
