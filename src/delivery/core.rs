@@ -207,7 +207,7 @@ impl Core {
 
     /// Lets go of the queued rows of stores held now: they leave the hand, and are read again,
     /// in id order, once their store's hold is over (a held store's rows are not read
-    /// meanwhile; its hold's end comes due, see [`Core::holds_due`]). For a queue at its bound
+    /// meanwhile; its hold's end comes due, see `Deliverer::holds_due`). For a queue at its bound
     /// with them, so that rows of held stores never take the room other stores' rows are read
     /// into. Only the rows of a store above every row of it that stays: one whose state would
     /// be lost with it (see [`Memo::kept_in_hand`]; or it bars its store, or waits to be marked
@@ -241,15 +241,6 @@ impl Core {
         // They could not go: they were counted stuck.
         self.stuck = self.stuck.saturating_sub(held.len());
         !held.is_empty()
-    }
-
-    /// The end of the first store's hold comes due: the rows of held stores are left out of
-    /// reads (and may have been let go), and are read once their store's hold ends, whether or
-    /// not any of its rows is in hand.
-    pub(super) fn holds_due(&mut self, now: Instant) {
-        if let Some(end) = self.lanes.first_hold_end(now) {
-            self.due_at(end);
-        }
     }
 
     /// The rows in the queue that bar their store (`Candidate::malformed`) whose wait is over:

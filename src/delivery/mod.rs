@@ -156,6 +156,8 @@ pub struct Deliverer {
     /// resolved only since the filter was made) is not queued, as the rows of its lane below
     /// it were left out.
     left_out: Vec<Option<Arc<str>>>,
+    /// When the last read left out the stores held then (see `Deliverer::holds_due`).
+    read_at: Option<Instant>,
     /// When rows were last read, for `--linger`.
     last_read: Option<Instant>,
     /// The reads of the last ten polls that found rows: when, and how many.
@@ -201,6 +203,7 @@ impl Deliverer {
             full: Vec::new(),
             left_out: Vec::new(),
             want_read: true,
+            read_at: None,
             last_read: None,
             found: std::collections::VecDeque::new(),
             rapid: false,

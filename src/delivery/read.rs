@@ -83,6 +83,7 @@ impl Deliverer {
         );
         let closed: Vec<&str> = closed.iter().map(String::as_str).collect();
         let now = Instant::now();
+        self.read_at = Some(now);
         self.left_out = self.core.lanes.held_stores(now);
         self.left_out.extend(self.full.iter().cloned());
         // Cleared on every way out, errors included: the rows looked at again later are not of

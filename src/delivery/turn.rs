@@ -198,7 +198,7 @@ impl Deliverer {
     pub(super) async fn launch(&mut self, turn: &mut Turn<'_>) {
         self.core.due = None;
         self.core.stuck = 0;
-        self.core.holds_due(Instant::now());
+        self.holds_due(Instant::now());
         while turn.launching && turn.flights.len() < self.core.window() {
             let Some(plan) = self.core.plan(Instant::now()) else {
                 break;
@@ -241,6 +241,19 @@ impl Deliverer {
                 .metrics
                 .writes_in_flight
                 .set(turn.flights.len() as i64);
+        }
+    }
+
+    /// The rows of held stores are left out of reads (and may have been let go): a store's
+    /// hold that ends after the last read left it out comes due, so that its rows are read
+    /// then, whether or not any of them is in hand; one that ended since that read (between
+    /// the read and now) wants a read at once.
+    fn holds_due(&mut self, now: Instant) {
+        let since = self.read_at.unwrap_or(now);
+        match self.core.lanes.first_hold_end(since) {
+            Some(end) if end > now => self.core.due_at(end),
+            Some(_) => self.want_read = true,
+            None => {}
         }
     }
 
