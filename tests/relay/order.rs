@@ -319,13 +319,10 @@ pub(crate) fn invalid(user: &str, relation: &str, object: &str) -> FaultRule {
     .when_tuple(user, relation, object)
 }
 
-/// A retried row whose note another session held off, which that session then finishes itself
-/// (marks it delivered, as an operator settling it by hand would): the relay lets it go, and a
-/// later row on its tuple is delivered. Fails with the row kept waiting for its note for ever
-/// (`Noted::Gone` taken for `Noted::HeldElsewhere`): the later row never left.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_row_another_session_finishes_while_its_note_waits_frees_its_tuple() {
-    let env = Env::start().await;
+/// A grant of anne on document:1 that OpenFGA rejected (dead), a later revoke of it delivered,
+/// and the grant brought back to pending (retried) with no relay running; returned with a
+/// session that holds its row locked in an open transaction, as an operator's would.
+async fn retried_grant_another_session_holds(env: &Env) -> (i64, tokio_postgres::Client) {
     env.fga
         .push_fault(invalid("user:anne", "viewer", "document:1"));
     let anne = || vec![tk("user:anne", "viewer", "document:1")];
@@ -339,8 +336,9 @@ async fn a_retried_row_another_session_finishes_while_its_note_waits_frees_its_t
     env.wait_delivered(revoke).await;
     relay.term();
     relay.wait_exit(Duration::from_secs(20)).await;
-    let admin = env.db.connect().await;
-    admin
+    env.db
+        .connect()
+        .await
         .execute(
             "UPDATE fga_outbox SET failed_at = NULL WHERE id = $1",
             &[&grant],
@@ -356,6 +354,18 @@ async fn a_retried_row_another_session_finishes_while_its_note_waits_frees_its_t
         )
         .await
         .unwrap();
+    (grant, holder)
+}
+
+/// A retried row whose note another session held off, which that session then finishes itself
+/// (marks it delivered, as an operator settling it by hand would): the relay lets it go, and a
+/// later row on its tuple is delivered. Fails with the row kept waiting for its note for ever
+/// (`Noted::Gone` taken for `Noted::HeldElsewhere`): the later row never left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_row_another_session_finishes_while_its_note_waits_frees_its_tuple() {
+    let env = Env::start().await;
+    let anne = || vec![tk("user:anne", "viewer", "document:1")];
+    let (grant, holder) = retried_grant_another_session_holds(&env).await;
     let relay = env.start_relay().await;
     relay
         .wait_for_log("it waits for its note of superseded operations")
@@ -571,39 +581,7 @@ async fn a_row_retried_while_a_later_row_on_its_tuple_is_in_flight_is_not_replay
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_row_another_session_holds_never_stops_the_other_rows() {
     let env = Env::start().await;
-    env.fga
-        .push_fault(invalid("user:anne", "viewer", "document:1"));
-    let grant = env
-        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
-        .await;
-    let mut relay = env.start_relay().await;
-    wait_until(PROMPTLY, "the grant is dead", || async {
-        env.row(grant).await.dead
-    })
-    .await;
-    let revoke = env
-        .insert(deletes(&[tk("user:anne", "viewer", "document:1")]))
-        .await;
-    env.wait_delivered(revoke).await;
-    relay.term();
-    relay.wait_exit(Duration::from_secs(20)).await;
-    let admin = env.db.connect().await;
-    admin
-        .execute(
-            "UPDATE fga_outbox SET failed_at = NULL WHERE id = $1",
-            &[&grant],
-        )
-        .await
-        .unwrap();
-    let holder = env.db.connect().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute(
-            "SELECT id FROM fga_outbox WHERE id = $1 FOR UPDATE",
-            &[&grant],
-        )
-        .await
-        .unwrap();
+    let (grant, holder) = retried_grant_another_session_holds(&env).await;
     let relay = env.start_relay().await;
     let other = env
         .insert(writes(&[tk("user:bob", "viewer", "document:2")]))

@@ -984,6 +984,21 @@ async fn a_held_undecodable_row_naming_the_configured_stores_id_bars_its_rows_by
     assert_eq!(env.fga.list_stores().first(), Some(&500));
 }
 
+/// Once every row of `paused` was tried (its store paused by then), commits a row of the
+/// configured store: its read lets the paused stores' rows go from a queue at its bound.
+async fn commit_once_tried(env: &Env, paused: &[i64]) -> i64 {
+    wait_until(PROMPTLY, "every paused store's rows were tried", || async {
+        let mut tried = true;
+        for id in paused {
+            tried &= env.row(*id).await.attempts >= 1;
+        }
+        tried
+    })
+    .await;
+    env.insert(writes(&[tk("user:q", "viewer", "document:1")]))
+        .await
+}
+
 /// Rows of stores paused by a `Retry-After` never take the room other stores' rows are read
 /// into: with eight stores' rows paused filling the queue's bound (eight reads' worth at a batch
 /// of 2), a row of the configured store committed meanwhile is read and delivered during their
@@ -1007,17 +1022,7 @@ async fn rows_of_paused_stores_never_fill_the_queue_before_another_stores_rows()
     }
     let relay = env.spawn_relay(&[("FGA_RELAY_BATCH_SIZE", "2")]);
     relay.wait_for_log("delivering (leader)").await;
-    wait_until(PROMPTLY, "every paused store's rows were tried", || async {
-        let mut tried = true;
-        for id in &paused {
-            tried &= env.row(*id).await.attempts >= 1;
-        }
-        tried
-    })
-    .await;
-    let flowing = env
-        .insert(writes(&[tk("user:q", "viewer", "document:1")]))
-        .await;
+    let flowing = commit_once_tried(&env, &paused).await;
     // Well within the pause of 60 s the other stores asked for.
     let delivered = env
         .all_delivered_within(&[flowing], Duration::from_secs(30))
@@ -1054,17 +1059,7 @@ async fn rows_let_go_are_read_again_when_their_own_stores_pause_ends() {
         ("FGA_RELAY_SWEEP_INTERVAL", "10m"),
     ]);
     relay.wait_for_log("delivering (leader)").await;
-    wait_until(PROMPTLY, "every paused store's rows were tried", || async {
-        let mut tried = true;
-        for id in &paused {
-            tried &= env.row(*id).await.attempts >= 1;
-        }
-        tried
-    })
-    .await;
-    let flowing = env
-        .insert(writes(&[tk("user:q", "viewer", "document:1")]))
-        .await;
+    let flowing = commit_once_tried(&env, &paused).await;
     paused.push(flowing);
     // The longer pause, and as long again: well before the sweep.
     let delivered = env
