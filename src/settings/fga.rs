@@ -6,6 +6,10 @@ use super::{DEFAULT_API_URL, DEFAULT_MAX_TUPLES, DEFAULT_REQUEST_TIMEOUT, non_em
 use crate::config::{self, Auth, ConfigError, FgaSettings, Secret, StoreRef};
 use clap::Args;
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// The longest `--request-timeout`.
+const LONGEST_REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How to reach OpenFGA.
 #[derive(Args, Debug)]
@@ -77,10 +81,21 @@ impl FgaArgs {
             .map(|m| config::check_ulid("--model-id (FGA_MODEL_ID)", m))
             .transpose()?;
         let auth = self.auth()?;
-        let request_timeout = config::parse_positive_duration(
-            "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)",
-            or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT),
-        )?;
+        let setting = "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)";
+        let given = or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT);
+        let request_timeout = config::parse_positive_duration(setting, given)?;
+        // A delivering transaction may stay idle for twice it (`db::claim_idle_limit`), which
+        // PostgreSQL takes in milliseconds that must fit an int: past about 12 days every
+        // connection would fail. No Write needs an hour.
+        if request_timeout > LONGEST_REQUEST_TIMEOUT {
+            return Err(ConfigError::new(
+                setting,
+                format!(
+                    "{given:?} is longer than {}: give a Write at most that",
+                    humantime::format_duration(LONGEST_REQUEST_TIMEOUT)
+                ),
+            ));
+        }
         let max_tuples = MAX_TUPLES_PER_WRITE.resolve(self.max_tuples_per_write.as_deref())?;
         let max_tuples_per_write = config::parse_count(
             &max_tuples.setting,

@@ -103,6 +103,34 @@ async fn bad_settings_exit_2_naming_the_setting() {
     }
 }
 
+/// A request timeout whose double (the idle limit of a delivering transaction, which PostgreSQL
+/// takes in milliseconds in an int) would not fit is refused at start, with a lease long enough
+/// for it: before, `check` passed it and every delivering connection would have failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_timeout_past_an_hour_exits_2() {
+    let env = Env::start().await;
+    let out = env
+        .command(&["check"])
+        .envs([
+            ("FGA_RELAY_REQUEST_TIMEOUT", "20d"),
+            ("FGA_RELAY_LEADER_LEASE", "60d"),
+        ])
+        .output()
+        .unwrap();
+    // `check` says it on stdout, among its other findings.
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr_of(&out)
+    );
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.contains("FGA_RELAY_REQUEST_TIMEOUT") && l.contains("longer than 1h")),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_says_to_run_migrate() {
     let db = TestDb::start();
