@@ -31,6 +31,15 @@ pub const LAST_COUNT_GRACE: Duration = Duration::from_secs(5);
 /// failed with an error.
 const LEAD_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
+/// What `drain` has said while another relay leads.
+#[derive(Default)]
+struct Waiting {
+    /// That it waits for the relay delivering.
+    announced: bool,
+    /// That PostgreSQL did not let it end a leader whose lease ran out.
+    refused: bool,
+}
+
 /// How `drain` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
@@ -201,7 +210,7 @@ impl Relay {
             "draining the rows pending now"
         );
         let mut deliverer = self.deliverer();
-        let mut waiting_logged = false;
+        let mut waiting = Waiting::default();
         let recurring = Recurring::default();
         let mut db_failures = 0u32;
         // A lost pooled connection, a server restarting: waited out until the timeout, as `run`
@@ -246,7 +255,7 @@ impl Relay {
                     session,
                     term,
                     &[shutdown, timer],
-                    &mut waiting_logged,
+                    &mut waiting,
                     &recurring,
                 )
                 .await
@@ -328,7 +337,7 @@ impl Relay {
         session: &mut Option<Session>,
         term: &mut Option<Term>,
         stop: &[&CancellationToken],
-        waiting_logged: &mut bool,
+        waiting: &mut Waiting,
         recurring: &Recurring,
     ) -> bool {
         if session.as_ref().is_none_or(Session::is_lost) {
@@ -364,10 +373,18 @@ impl Relay {
         let taken = match s.try_lead().await {
             Ok(Some(taken)) => taken,
             Ok(None) => {
-                if !std::mem::replace(waiting_logged, true) {
+                if !std::mem::replace(&mut waiting.announced, true) {
                     info!("another relay is delivering; waiting for it");
                 }
-                self.nap(Duration::from_millis(100), stop).await;
+                // A leader stopped or cut off lets its lease run out: ended, as `run` ends it,
+                // rather than waited for until the drain's timeout.
+                let ended = self.end_expired_leader(s, &mut waiting.refused).await;
+                if let Err(e) = &ended {
+                    debug!(error = %crate::db::describe(e), "cannot check the leader's lease");
+                }
+                if !matches!(ended, Ok(true)) {
+                    self.nap(Duration::from_millis(100), stop).await;
+                }
                 return false;
             }
             // Said with its cause and next step, as `run` says it, and asked again on a new

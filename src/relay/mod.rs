@@ -450,22 +450,9 @@ impl Relay {
                         info!("another relay is delivering; standing by");
                         announced = true;
                     }
-                    match session.end_expired_leader().await {
-                        Ok(Some((pid, true))) => {
-                            warn!(pid, lease = ?self.delivery.leader_lease,
-                                "ended the session holding leadership: its lease had run out");
-                            next_try = AFTER_ENDING_LEADER;
-                        }
-                        Ok(Some((pid, false))) if !refused => {
-                            error!(
-                                pid,
-                                "the session holding leadership has let its lease run \
-                                out, but PostgreSQL did not let this relay end it: give the \
-                                relays' roles pg_signal_backend (see `fga-relay sql --roles`)"
-                            );
-                            refused = true;
-                        }
-                        Ok(_) => {}
+                    match self.end_expired_leader(session, &mut refused).await {
+                        Ok(true) => next_try = AFTER_ENDING_LEADER,
+                        Ok(false) => {}
                         Err(e) => {
                             self.pooler.check(&e);
                             let why = self.explain(&e).await;
@@ -492,6 +479,33 @@ impl Relay {
                     Err(false)
                 };
             }
+        }
+    }
+
+    /// Ends the session holding leadership (on a session that could not take it) if its lease
+    /// ran out, saying so; says once (`refused`) when PostgreSQL did not let this relay end it.
+    /// Returns whether it ended one: leadership may be taken at once.
+    async fn end_expired_leader(
+        &self,
+        session: &Session,
+        refused: &mut bool,
+    ) -> Result<bool, tokio_postgres::Error> {
+        match session.end_expired_leader().await? {
+            Some((pid, true)) => {
+                warn!(pid, lease = ?self.delivery.leader_lease,
+                    "ended the session holding leadership: its lease had run out");
+                Ok(true)
+            }
+            Some((pid, false)) if !std::mem::replace(refused, true) => {
+                error!(
+                    pid,
+                    "the session holding leadership has let its lease run out, but PostgreSQL \
+                     did not let this relay end it: give the relays' roles pg_signal_backend \
+                     (see `fga-relay sql --roles`)"
+                );
+                Ok(false)
+            }
+            _ => Ok(false),
         }
     }
 

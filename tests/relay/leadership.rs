@@ -851,6 +851,38 @@ async fn a_drain_that_cannot_ask_for_leadership_says_why() {
     assert_eq!(env.pending().await, 3);
 }
 
+/// `drain` while the leader is stopped (SIGSTOP: its session still open on the server, holding
+/// the leadership lock) ends that session once its lease has run out, as a standby `run` does,
+/// and delivers the rows after the fence, exiting 0. Without it, the drain waited for "another
+/// relay" until its timeout and exited 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_ends_a_stopped_leader_whose_lease_ran_out_and_delivers() {
+    let env = Env::start().await;
+    let old = env.spawn_relay(&FENCE_VARS);
+    old.wait_for_log("delivering (leader)").await;
+    old.signal(libc::SIGSTOP);
+    let client = env.db.connect().await;
+    insert_viewers(&client, "d", "document:d", 3).await;
+    let out = env
+        .command(&["drain", "--timeout", "25s"])
+        .envs(FENCE_VARS)
+        .output()
+        .unwrap();
+    old.signal(libc::SIGCONT);
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}; its log:\n{logs}",
+        out.status
+    );
+    assert!(
+        logs.contains("ended the session holding leadership"),
+        "its log:\n{logs}"
+    );
+    assert_eq!(env.pending().await, 0);
+}
+
 /// The OIDC token a Write needs is fetched before it, as a step of its own under its own request
 /// timeout, and the Write's deadline starts after it: a token that takes 1.5 s and a Write that
 /// takes 1.5 s more (each within the 2 s request timeout) deliver the row at the first try. The
