@@ -338,12 +338,29 @@ pub fn parse_duration(setting: &str, s: &str) -> Result<Duration, ConfigError> {
             format!("{s:?} is not a duration such as 30s or 1m ({e})"),
         )
     })?;
-    if d > LONGEST_DURATION {
+    at_most(
+        setting,
+        s,
+        d,
+        LONGEST_DURATION,
+        ", the longest any setting takes",
+    )
+}
+
+/// `d` (as `s` gave it), if it is no longer than `max` (`why`: what makes that the longest).
+fn at_most(
+    setting: &str,
+    s: &str,
+    d: Duration,
+    max: Duration,
+    why: &str,
+) -> Result<Duration, ConfigError> {
+    if d > max {
         return Err(ConfigError::new(
             setting,
             format!(
-                "{s:?} is longer than {}, the longest any setting takes: give a shorter duration",
-                humantime::format_duration(LONGEST_DURATION)
+                "{s:?} is longer than {}{why}: give at most that",
+                humantime::format_duration(max)
             ),
         ));
     }
@@ -365,14 +382,17 @@ pub fn parse_duration_up_to(
     s: &str,
     max: Duration,
 ) -> Result<Duration, ConfigError> {
-    let d = parse_duration(setting, s)?;
-    if d > max {
-        return Err(ConfigError::new(
-            setting,
-            format!("{s:?} is longer than {}", humantime::format_duration(max)),
-        ));
-    }
-    Ok(d)
+    at_most(setting, s, parse_duration(setting, s)?, max, "")
+}
+
+/// Parses a positive duration up to `max` (`why`: what makes that the longest).
+pub fn parse_positive_duration_up_to(
+    setting: &str,
+    s: &str,
+    max: Duration,
+    why: &str,
+) -> Result<Duration, ConfigError> {
+    at_most(setting, s, parse_positive_duration(setting, s)?, max, why)
 }
 
 /// Parses a whole number within `min..=max`.

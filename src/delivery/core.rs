@@ -11,6 +11,7 @@ use super::write::Gate;
 use super::{Memo, PassReport};
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
+use crate::store::Noted;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -378,20 +379,42 @@ impl Core {
         self.due_at(at);
     }
 
-    /// Queues row `c` as a bar to the later rows of its store (its operations unknown for now:
-    /// another session holds it, or it cannot be decoded), held back briefly, to be looked at
-    /// again by id.
-    pub(super) fn bar(&mut self, c: Candidate, now: Instant) {
-        let id = c.id;
-        self.admit(Candidate {
-            ops: Arc::from(Vec::new()),
-            hashes: Vec::new(),
-            malformed: true,
-            anywhere: false,
-            ..c
-        });
+    /// Queues `bar` (a `Candidate::malformed` row: its operations unknown for now, another
+    /// session holds it or it cannot be decoded), held back briefly, to be looked at again by
+    /// id.
+    pub(super) fn bar(&mut self, bar: Candidate, now: Instant) {
+        let id = bar.id;
+        self.admit(bar);
         self.bars += 1;
         self.hold_back(id, now);
+    }
+
+    /// What a look at retried row `id` for later rows that superseded it (`retried_at`: when it
+    /// came back) found of its note: written, it is checked; held off by another session's lock,
+    /// it waits to be looked at again; gone (delivered or dead-lettered by another session), it
+    /// leaves the hand. Returns whether it is still in hand.
+    pub(super) fn superseded_checked(
+        &mut self,
+        id: i64,
+        retried_at: SystemTime,
+        noted: Noted,
+        now: Instant,
+    ) -> bool {
+        match noted {
+            Noted::Written => {
+                self.memo.entry(id).or_default().checked = Some(retried_at);
+                self.unchecked.remove(&id);
+                true
+            }
+            Noted::HeldElsewhere => {
+                self.note_held_off(id, retried_at, now);
+                true
+            }
+            Noted::Gone => {
+                self.gone(id);
+                false
+            }
+        }
     }
 
     /// A retried row whose note of superseded operations could not be written (another session

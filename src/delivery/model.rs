@@ -392,9 +392,7 @@ impl World {
                 let mut bar = Self::candidate(&self.rows[(id - 1) as usize]);
                 bar.malformed = true;
                 bar.hashes.clear();
-                self.core.admit(bar);
-                self.core.bars += 1;
-                self.core.hold_back(id, now);
+                self.core.bar(bar, now);
             } else {
                 self.admit(id);
             }

@@ -15,7 +15,7 @@ use super::write::{Spare, WriteTx};
 use crate::openfga::Target;
 use crate::payload::Payload;
 use crate::recurring::Recurring;
-use crate::store::{ClaimedRow, Noted, StoreError};
+use crate::store::{ClaimedRow, StoreError};
 use deadpool_postgres::GenericClient;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -211,55 +211,67 @@ impl Deliverer {
             .iter()
             .map(|op| key_hash(target.store_key(), op.key()))
             .collect();
-        let text: Arc<str> = row.payload.as_deref().unwrap_or_default().into();
-        self.core.unchecked.remove(&row.id);
-        if let Some(at) = row.retried
-            && self.core.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
-            && hashes.iter().any(|h| self.core.in_flight.contains_key(h))
-        {
-            // A Write on its tuples is in flight: a later row it carries supersedes this one
-            // only once it lands and is marked. Looked at then, waiting in its place meanwhile.
-            self.core.unchecked.insert(row.id, at);
-        } else if let Some(at) = row.retried
-            && self.core.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
-        {
-            // Not in the read's locked transaction: the note on the row must stay even if that
-            // transaction is rolled back.
-            if std::mem::take(open) {
-                conn.batch_execute("ROLLBACK").await?;
-            }
-            let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
-                // Which later rows are of its store cannot be told: a row naming the configured
-                // store's id is of its store.
-                let store = payload.store.as_deref().unwrap_or("");
-                let what = "a retried row is to be checked for later rows of its store that \
-                    superseded it";
-                return Ok(Err(unresolved(&self.said, row.id, store, what)));
-            };
-            match self
-                .skip_superseded(conn, row.id, &payload.ops, &target, Some(&configured))
-                .await?
-            {
-                Noted::Written => self.core.memo.entry(row.id).or_default().checked = Some(at),
-                Noted::HeldElsewhere => self.core.note_held_off(row.id, at, Instant::now()),
-                // Delivered or dead-lettered by another session since it was read.
-                Noted::Gone => {
-                    self.core.memo.remove(&row.id);
-                    return Ok(Ok(None));
-                }
-            }
-        }
-        self.core.admit(Candidate {
+        let c = Candidate {
             id: row.id,
             created_at: row.created_at,
             ops: payload.ops,
             target,
             hashes,
-            text,
+            text: row.payload.as_deref().unwrap_or_default().into(),
             malformed: false,
             anywhere: false,
-        });
+        };
+        self.core.unchecked.remove(&row.id);
+        if let Some(at) = row.retried
+            && self.core.memo.get(&row.id).and_then(|m| m.checked) != Some(at)
+        {
+            match self.check_on_read(conn, &c, at, open).await? {
+                Ok(true) => {}
+                Ok(false) => return Ok(Ok(None)),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        self.core.admit(c);
         Ok(Ok(Some(row.id)))
+    }
+
+    /// Looks at a retried row `c` as it is read (`at`: when it came back) for later rows of its
+    /// store that superseded it: now, or, while a Write on its tuples is in flight, once that
+    /// Write has landed and its rows are marked (a later row it carries supersedes this one only
+    /// then; the row waits in its place meanwhile). Ok(false) when the row is gone.
+    async fn check_on_read(
+        &mut self,
+        conn: &deadpool_postgres::Client,
+        c: &Candidate,
+        at: std::time::SystemTime,
+        open: &mut bool,
+    ) -> Result<Result<bool, Unqueued>, StoreError> {
+        if c.hashes.iter().any(|h| self.core.in_flight.contains_key(h)) {
+            self.core.unchecked.insert(c.id, at);
+            return Ok(Ok(true));
+        }
+        // Not in the read's locked transaction: the note on the row must stay even if that
+        // transaction is rolled back.
+        if std::mem::take(open) {
+            conn.batch_execute("ROLLBACK").await?;
+        }
+        let Ok(configured) = self.client.store_id().await.map(str::to_owned) else {
+            // Which later rows are of its store cannot be told: a row naming the configured
+            // store's id is of its store.
+            let store = c.target.store.as_deref().unwrap_or("");
+            let what = "a retried row is to be checked for later rows of its store that \
+                superseded it";
+            return Ok(Err(unresolved(&self.said, c.id, store, what)));
+        };
+        let noted = self
+            .skip_superseded(conn, c.id, &c.ops, &c.target, Some(&configured))
+            .await?;
+        Ok(Ok(self.core.superseded_checked(
+            c.id,
+            at,
+            noted,
+            Instant::now(),
+        )))
     }
 
     /// Reads again by `at` at the latest.
@@ -306,17 +318,10 @@ impl Deliverer {
                 continue;
             };
             let (ops, target) = (c.ops.clone(), c.target.clone());
-            match self
+            let noted = self
                 .skip_superseded(&conn, id, &ops, &target, Some(&configured))
-                .await?
-            {
-                Noted::Written => {
-                    self.core.memo.entry(id).or_default().checked = Some(at);
-                    self.core.unchecked.remove(&id);
-                }
-                Noted::HeldElsewhere => self.core.note_held_off(id, at, Instant::now()),
-                Noted::Gone => self.core.gone(id),
-            }
+                .await?;
+            self.core.superseded_checked(id, at, noted, Instant::now());
         }
         Ok(())
     }
@@ -397,15 +402,11 @@ impl Deliverer {
                 Ok(None) => {}
                 Ok(Some(bar)) => {
                     // Rows of its lane below it are still to be read: it waits behind them.
-                    self.core.admit(bar);
-                    self.core.bars += 1;
-                    self.core.hold_back(id, now);
+                    self.core.bar(bar, now);
                     continue;
                 }
                 Err(e) => {
-                    self.core.admit(old);
-                    self.core.bars += 1;
-                    self.core.hold_back(id, now);
+                    self.core.bar(old, now);
                     return Err(e);
                 }
             }
@@ -414,18 +415,15 @@ impl Deliverer {
                 Ok(Err(Unqueued::Unresolved)) => {
                     // Which store it is of now cannot be told (the configured one, by its id,
                     // or another): it bars every store's later rows until it can.
-                    self.core.admit(Candidate {
+                    let bar = Candidate {
                         anywhere: true,
                         ..old
-                    });
-                    self.core.bars += 1;
-                    self.core.hold_back(id, now);
+                    };
+                    self.core.bar(bar, now);
                 }
                 Err(e) => {
                     // Still in hand, in its place, barring what it barred.
-                    self.core.admit(old);
-                    self.core.bars += 1;
-                    self.core.hold_back(id, now);
+                    self.core.bar(old, now);
                     return Err(e);
                 }
             }

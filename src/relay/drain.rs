@@ -31,13 +31,15 @@ pub const LAST_COUNT_GRACE: Duration = Duration::from_secs(5);
 /// failed with an error.
 const LEAD_AGAIN_AFTER: Duration = Duration::from_secs(1);
 
-/// What `drain` has said while another relay leads.
+/// What `drain` has said while it does not lead.
 #[derive(Default)]
 struct Waiting {
     /// That it waits for the relay delivering.
     announced: bool,
     /// That PostgreSQL did not let it end a leader whose lease ran out.
     refused: bool,
+    /// Errors asking for leadership: said once a minute while they last.
+    recurring: Recurring,
 }
 
 /// How `drain` failed.
@@ -211,7 +213,6 @@ impl Relay {
         );
         let mut deliverer = self.deliverer();
         let mut waiting = Waiting::default();
-        let recurring = Recurring::default();
         let mut db_failures = 0u32;
         // A lost pooled connection, a server restarting: waited out until the timeout, as `run`
         // does, rather than ending the drain long before it. A missing table or privilege, or a
@@ -256,7 +257,6 @@ impl Relay {
                     term,
                     &[shutdown, timer],
                     &mut waiting,
-                    &recurring,
                 )
                 .await
             {
@@ -338,7 +338,6 @@ impl Relay {
         term: &mut Option<Term>,
         stop: &[&CancellationToken],
         waiting: &mut Waiting,
-        recurring: &Recurring,
     ) -> bool {
         if session.as_ref().is_none_or(Session::is_lost) {
             if let Some(old) = session.take() {
@@ -393,7 +392,7 @@ impl Relay {
             Err(e) => {
                 self.pooler.check(&e);
                 let why = self.explain(&e).await;
-                hint::log("cannot ask for leadership", &why, None, recurring);
+                hint::log("cannot ask for leadership", &why, None, &waiting.recurring);
                 // As a lost session: it may hold the lock on the server still (the lock taken,
                 // its answer lost), and is ended from the next one.
                 if let Some(old) = session.take() {

@@ -81,21 +81,15 @@ impl FgaArgs {
             .map(|m| config::check_ulid("--model-id (FGA_MODEL_ID)", m))
             .transpose()?;
         let auth = self.auth()?;
-        let setting = "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)";
-        let given = or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT);
-        let request_timeout = config::parse_positive_duration(setting, given)?;
         // A delivering transaction may stay idle for twice it (`db::claim_idle_limit`), which
         // PostgreSQL takes in milliseconds that must fit an int: past about 12 days every
         // connection would fail. No Write needs an hour.
-        if request_timeout > LONGEST_REQUEST_TIMEOUT {
-            return Err(ConfigError::new(
-                setting,
-                format!(
-                    "{given:?} is longer than {}: give a Write at most that",
-                    humantime::format_duration(LONGEST_REQUEST_TIMEOUT)
-                ),
-            ));
-        }
+        let request_timeout = config::parse_positive_duration_up_to(
+            "--request-timeout (FGA_RELAY_REQUEST_TIMEOUT)",
+            or_default(&self.request_timeout, DEFAULT_REQUEST_TIMEOUT),
+            LONGEST_REQUEST_TIMEOUT,
+            ", the longest a Write may take",
+        )?;
         let max_tuples = MAX_TUPLES_PER_WRITE.resolve(self.max_tuples_per_write.as_deref())?;
         let max_tuples_per_write = config::parse_count(
             &max_tuples.setting,
