@@ -61,6 +61,9 @@ pub(crate) struct RealLatency {
     pub(crate) relay_write: Dist,
     /// OpenFGA's own single-tuple Write, at the same rate, from the bare client.
     pub(crate) write: Dist,
+    /// The same, while the same commits go into the outbox (no relay running): what the
+    /// machine's other work does to OpenFGA's Write, without the relay.
+    pub(crate) write_beside_commits: Dist,
     /// The bare client's Writes OpenFGA did not accept (left out of `write`), and the first
     /// such answer.
     pub(crate) write_failed: usize,
@@ -73,6 +76,14 @@ impl RealLatency {
         (
             self.applied.p50 - self.write.p50,
             self.applied.p99 - self.write.p99,
+        )
+    }
+
+    /// What the relay adds over OpenFGA's own Write while the same commits run, p50 and p99.
+    pub(crate) fn added_beside_commits(&self) -> (f64, f64) {
+        (
+            self.applied.p50 - self.write_beside_commits.p50,
+            self.applied.p99 - self.write_beside_commits.p99,
         )
     }
 
@@ -132,6 +143,37 @@ where
         failed,
         first_error,
     })
+}
+
+/// The bare client: `n` one-tuple Writes through the proxy at `rate` a second, the body the
+/// relay sends for one row, each for a user of its own under `tag`.
+async fn bare_writes(
+    http: &reqwest::Client,
+    url: &str,
+    tag: &str,
+    n: usize,
+    rate: u32,
+) -> Result<Steady> {
+    let object = format!("document:{tag}");
+    steadily(n, rate, |i| {
+        let (http, url) = (http.clone(), url.to_owned());
+        let body = json!({"writes": {"tuple_keys": [
+            {"user": format!("user:{tag}{i}"), "relation": "viewer", "object": object}
+        ], "on_duplicate": "ignore"}});
+        async move {
+            let t = Instant::now();
+            let answer = http.post(&url).json(&body).send().await?;
+            if !answer.status().is_success() {
+                bail!(
+                    "OpenFGA answered {}: {}",
+                    answer.status(),
+                    answer.text().await.unwrap_or_default()
+                );
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        }
+    })
+    .await
 }
 
 /// Whether OpenFGA's Check allows `user viewer object`.
@@ -216,34 +258,21 @@ impl Bench {
             bail!("{refused} of {n} delivered tuples not allowed by a Check");
         }
         let proxied_write = format!("{}/stores/{store}/write", fga.url());
-        let bare_object = format!("document:rw{tag}");
-        let write = steadily(n, rate, |i| {
-            let (http, url) = (http.clone(), proxied_write.clone());
-            let object = bare_object.clone();
-            async move {
-                // The body the relay sends for one row.
-                let body = json!({"writes": {"tuple_keys": [
-                    {"user": format!("user:rw{i}"), "relation": "viewer", "object": object}
-                ], "on_duplicate": "ignore"}});
-                let t = Instant::now();
-                let answer = http.post(&url).json(&body).send().await?;
-                if !answer.status().is_success() {
-                    bail!(
-                        "OpenFGA answered {}: {}",
-                        answer.status(),
-                        answer.text().await.unwrap_or_default()
-                    );
-                }
-                Ok(t.elapsed().as_secs_f64() * 1e3)
-            }
-        })
-        .await?;
+        let write = bare_writes(http, &proxied_write, &format!("rw{tag}"), n, rate).await?;
+        // Again with the same commits going into the outbox, no relay to deliver them (their
+        // rows are left pending: the next run starts with an empty table).
+        let (bare_tag, commit_tag) = (format!("rc{tag}"), format!("{tag}c"));
+        let (beside, _) = tokio::try_join!(
+            bare_writes(http, &proxied_write, &bare_tag, n, rate),
+            commit_steadily(&writer, &commit_tag, n, rate)
+        )?;
         let r = RealLatency {
             config,
             applied: Dist::of(applied),
             sent: Dist::of(sent),
             relay_write: Dist::of(round_trips),
             write: write.ms,
+            write_beside_commits: beside.ms,
             write_failed: write.failed,
             write_error: write.first_error,
         };
@@ -260,6 +289,14 @@ impl Bench {
         );
         println!("    and those Writes at OpenFGA: {}", r.relay_write.line());
         println!("    OpenFGA's own Write (bare client): {}", r.write.line());
+        let (beside50, beside99) = r.added_beside_commits();
+        println!(
+            "    the same while the same commits go into the outbox (no relay): {}; against it \
+             the relay adds {} ms at p50, {} ms at p99",
+            r.write_beside_commits.line(),
+            ms(beside50),
+            ms(beside99)
+        );
         if r.bare_saturated() {
             println!(
                 "    note: the bare client had {:.0} Writes in flight on average: OpenFGA did not \

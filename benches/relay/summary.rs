@@ -379,6 +379,15 @@ impl Results {
                     ms(l.relay_write.p50),
                     ms(l.relay_write.p99)
                 );
+                let (beside50, beside99) = l.added_beside_commits();
+                println!(
+                    "| real OpenFGA, {}: … OpenFGA's Write while the same commits go into the outbox (no relay) | p50 {} ms, p99 {} ms; against it the relay adds {} / {} ms | | |",
+                    l.config.label(),
+                    ms(l.write_beside_commits.p50),
+                    ms(l.write_beside_commits.p99),
+                    ms(beside50),
+                    ms(beside99)
+                );
             }
             for w in &r.windows {
                 println!(
