@@ -44,6 +44,24 @@ const AUTHENTICATION: &str = "authentication";
 const PRIVILEGE: &str = "privilege";
 const NO_DATABASE: &str = "no database";
 
+/// A connection that did not open within `limit`, and nothing refused it: the TCP connect
+/// went through (its own timeout is shorter), and nothing came back after it.
+pub fn stalled(limit: Duration) -> Explained {
+    Explained {
+        lasting: None,
+        error: format!(
+            "PostgreSQL did not finish opening the connection within {}",
+            humantime::format_duration(limit)
+        ),
+        next: Some(
+            "the server accepted it and then answered nothing: look for a proxy, pooler or \
+             firewall in between that lets connections in but no bytes through, or a server \
+             that is stopped or out of resources"
+                .to_owned(),
+        ),
+    }
+}
+
 /// What `e`, met connecting with `pg` or on such a connection, means.
 pub fn explain(e: &tokio_postgres::Error, pg: &PgConnect) -> Explained {
     let error = super::describe(e);

@@ -10,7 +10,7 @@
 //! heartbeat is asked again on a new connection, so that a drain whose old connections froze
 //! still delivers on new ones.
 
-use super::{Relay, Term};
+use super::{NoSession, Relay, Term};
 use crate::db::hint;
 use crate::delivery::{Deliverer, Mode, PassReport};
 use crate::listener::Session;
@@ -344,16 +344,21 @@ impl Relay {
                 self.abandon(&old);
             }
             *term = None;
-            // Bounded: a path that lets the TCP connect through and nothing after it would hold
-            // the startup forever (the connect timeout covers only the TCP connect). Stopped
-            // meanwhile, the caller's next look says so.
+            // Bounded (see `Relay::open_limit`), and by the drain's stop: stopped meanwhile,
+            // the caller's next look says so.
             *session = tokio::select! {
-                connected = self.connect(false) => connected
-                    .map_err(|e| {
+                opened = self.open(false) => match opened {
+                    Ok(s) => Some(s),
+                    Err(NoSession::Refused(e)) => {
                         self.pooler.check(&e);
-                        warn!(error = %crate::db::describe(&e), "cannot connect")
-                    })
-                    .ok(),
+                        warn!(error = %crate::db::describe(&e), "cannot connect");
+                        None
+                    }
+                    Err(NoSession::Stalled(limit)) => {
+                        warn!("cannot connect: {}", hint::stalled(limit));
+                        None
+                    }
+                },
                 () = any_cancelled(stop) => {
                     warn!("gave up connecting to PostgreSQL to lead: the drain had to stop \
                         first (a path to the database that lets connections in but no bytes \

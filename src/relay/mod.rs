@@ -46,6 +46,14 @@ const SHORT_SESSION: Duration = Duration::from_secs(10);
 /// Trying the leadership lock again right after ending a stale leader's session.
 const AFTER_ENDING_LEADER: Duration = Duration::from_millis(100);
 
+/// Why no session opened.
+enum NoSession {
+    /// PostgreSQL, or the path to it, answered with this error.
+    Refused(tokio_postgres::Error),
+    /// Nothing answered within this long (see [`Relay::open_limit`]).
+    Stalled(Duration),
+}
+
 /// Everything a relay needs, built once by the command line (or a test).
 pub struct Relay {
     /// Where new connections go (replaced by a SIGHUP that rereads `DATABASE_URL_FILE`).
@@ -169,6 +177,33 @@ impl Relay {
             }),
             lease: self.lease(),
             pooler: self.pooler.clone(),
+        }
+    }
+
+    /// How long opening a session may take in all: the TCP connect (its connect timeout), then
+    /// TLS, the startup and authentication, which that timeout does not cover, the session's
+    /// settings and LISTEN, its look for a pooler (a heartbeat at most) and the end of the
+    /// session before: twice the connect timeout and a heartbeat. A path that lets the TCP
+    /// connect through and nothing after it (a proxy whose server side hangs, a stopped server)
+    /// would otherwise hold the relay in its connect for ever, deaf to a shutdown too.
+    fn open_limit(&self) -> Duration {
+        let connect = self
+            .pg
+            .get()
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(5));
+        connect.saturating_mul(2) + self.delivery.heartbeat_interval
+    }
+
+    /// [`Relay::connect`], within [`Relay::open_limit`].
+    async fn open(&self, listen: bool) -> Result<Session, NoSession> {
+        let limit = self.open_limit();
+        match tokio::time::timeout(limit, self.connect(listen)).await {
+            Ok(Ok(session)) => Ok(session),
+            Ok(Err(e)) => Err(NoSession::Refused(e)),
+            Err(_) => Err(NoSession::Stalled(limit)),
         }
     }
 
@@ -325,10 +360,14 @@ impl Relay {
         let recurring = &self.problems;
         while !shutdown.is_cancelled() {
             self.liveness.beat();
-            let session = match self.connect(true).await {
+            let opened = tokio::select! {
+                opened = self.open(true) => opened,
+                () = shutdown.cancelled() => break,
+            };
+            let session = match opened {
                 Ok(s) => s,
-                Err(e) => {
-                    if self.pooler.check(&e) || !self.refused(&mut sessions, &e, &shutdown).await {
+                Err(no) => {
+                    if !self.refused(&mut sessions, &no, &shutdown).await {
                         break;
                     }
                     continue;
@@ -374,12 +413,20 @@ impl Relay {
     async fn refused(
         &self,
         sessions: &mut Sessions,
-        e: &tokio_postgres::Error,
+        no: &NoSession,
         shutdown: &CancellationToken,
     ) -> bool {
+        if let NoSession::Refused(e) = no
+            && self.pooler.check(e)
+        {
+            return false;
+        }
         sessions.failures += 1;
         let wait = RECONNECT_BACKOFF.delay(sessions.failures);
-        let why = self.explain(e).await;
+        let why = match no {
+            NoSession::Refused(e) => self.explain(e).await,
+            NoSession::Stalled(limit) => hint::stalled(*limit),
+        };
         hint::log(
             "cannot open the LISTEN connection",
             &why,

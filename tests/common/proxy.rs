@@ -115,6 +115,12 @@ impl FreezingProxy {
         self.freeze_named(needle)
     }
 
+    /// Undoes [`FreezingProxy::freeze_named_from_now_on`] for new connections: they flow
+    /// again (those frozen stay frozen).
+    pub fn let_new_connections_through(&self) {
+        self.doomed.lock().unwrap().clear();
+    }
+
     /// Delays every chunk the server sends by `delay`, on the connections open now whose
     /// client's first bytes contain `needle`; returns how many.
     pub fn delay_answers_named(&self, needle: &str, delay: Duration) -> usize {

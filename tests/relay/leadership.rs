@@ -206,6 +206,47 @@ async fn a_leader_whose_session_and_idle_pool_freeze_delivers_on_new_connections
     assert!(env.fga.has("user:after", "viewer", "document:a"));
 }
 
+/// A leader whose LISTEN connection freezes, and each new one after it (their TCP connect
+/// succeeds, nothing after it passes: the connect timeout covers only the TCP connect): each
+/// try to open a session is given up after twice the connect timeout and a heartbeat, said
+/// with what to look for, and tried again; once connections get through again, the relay
+/// leads and delivers. Without that bound its first try waits for ever, deaf to a shutdown
+/// too, and nothing is delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_new_sessions_never_open_tries_again_and_delivers_once_they_do() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = format!("{} connect_timeout=2", tcp_url(proxy.port()));
+    let relay = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+        ("FGA_RELAY_LEADER_LEASE", "3s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    assert_eq!(proxy.freeze_named_from_now_on("fga-relay run listener"), 1);
+    let stalled = "PostgreSQL did not finish opening the connection within 5s";
+    wait_until(RECOVERY, "a try to open a session is given up", || async {
+        relay.logs().contains(stalled)
+    })
+    .await;
+    let logs = relay.logs();
+    assert!(
+        logs.contains("lets connections in but no bytes through"),
+        "no next step said; its log:\n{logs}"
+    );
+    proxy.let_new_connections_through();
+    let after = env
+        .insert(writes(&[tk("user:after", "viewer", "document:a")]))
+        .await;
+    wait_until(
+        RECOVERY,
+        "a row inserted meanwhile is delivered",
+        || async { env.row(after).await.delivered },
+    )
+    .await;
+    assert!(env.fga.has("user:after", "viewer", "document:a"));
+}
+
 /// `fga-relay drain` all of whose connections freeze while one of its Writes is in flight: the
 /// Write's answer comes (OpenFGA is not behind the proxy), its mark waits on its frozen
 /// connection, and the stream is given up one fence after the session is lost. The drain's next
