@@ -224,9 +224,17 @@ impl Relay {
             session.probe_pooler(self.store.pool()),
         )
         .await;
-        let abandoned = locked(&self.terms.abandoned).take();
+        // Forgotten only once the end was asked: a connect given up meanwhile (see
+        // `Relay::open`) leaves it to the next.
+        let abandoned = *locked(&self.terms.abandoned);
         if let Some(old) = abandoned {
-            match session.end_session(old).await {
+            let ended = session.end_session(old).await;
+            let mut kept = locked(&self.terms.abandoned);
+            if *kept == Some(old) {
+                *kept = None;
+            }
+            drop(kept);
+            match ended {
                 Ok(true) => {
                     warn!(
                         pid = old.pid,
