@@ -42,6 +42,16 @@ struct Waiting {
     recurring: Recurring,
 }
 
+/// What `drain`'s loop keeps from one look to the next.
+struct Draining<'a> {
+    /// Its shutdown and its timeout.
+    stops: [&'a CancellationToken; 2],
+    deliverer: Deliverer,
+    waiting: Waiting,
+    /// Database errors ridden out in a row.
+    db_failures: u32,
+}
+
 /// How `drain` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
@@ -188,7 +198,8 @@ impl Relay {
         answer
     }
 
-    /// The loop of [`Relay::drain`]; `term` is set while it leads on `session`.
+    /// The loop of [`Relay::drain`]; `term` is set while it leads on `session`. Each look
+    /// counts the rows left, and leads and streams once while any is.
     async fn drain_through(
         &self,
         target: i64,
@@ -198,12 +209,8 @@ impl Relay {
         term: &mut Option<Term>,
     ) -> Result<(), StoreError> {
         let stops = [shutdown, timer];
-        let stopped = || any_cancelled(&stops);
-        let counted = self
-            .ask("left", || self.store.pending_through(target), stopped())
-            .await;
         // Not answered by the timeout: the last count says what is left.
-        let Some(at_start) = counted.transpose()? else {
+        let Some(at_start) = self.count_left(target, &stops).await.transpose()? else {
             return Ok(());
         };
         info!(
@@ -211,35 +218,23 @@ impl Relay {
             through_id = target,
             "draining the rows pending now"
         );
-        let mut deliverer = self.deliverer();
-        let mut waiting = Waiting::default();
-        let mut db_failures = 0u32;
-        // A lost pooled connection, a server restarting: waited out until the timeout, as `run`
-        // does, rather than ending the drain long before it. A missing table or privilege, or a
-        // read-only server, ends it.
-        let ride_out = |e: &StoreError| {
-            // First: a pooler's signs (42P05 among them) are also errors no waiting fixes.
-            !self.pooled(e)
-                && e.is_retryable()
-                && !e.is_read_only()
-                && !timer.is_cancelled()
-                && !shutdown.is_cancelled()
+        let mut draining = Draining {
+            stops,
+            deliverer: self.deliverer(),
+            waiting: Waiting::default(),
+            db_failures: 0,
         };
         loop {
-            if timer.is_cancelled() || shutdown.is_cancelled() {
+            if stops.iter().any(|s| s.is_cancelled()) {
                 // The last count says what is left.
                 return Ok(());
             }
-            let counted = self
-                .ask("left", || self.store.pending_through(target), stopped())
-                .await;
-            let left = match counted {
+            let left = match self.count_left(target, &stops).await {
                 // Not answered by the timeout: the last count says what is left.
                 None => return Ok(()),
                 Some(Ok(left)) => left,
                 Some(Err(e)) => {
-                    self.ride_out(e, &ride_out, &mut db_failures, &stops)
-                        .await?;
+                    self.ride_out(e, &mut draining.db_failures, &stops).await?;
                     continue;
                 }
             };
@@ -250,34 +245,50 @@ impl Relay {
                 );
                 return Ok(());
             }
-            if !self
-                .drain_leads(
-                    &mut deliverer,
-                    session,
-                    term,
-                    &[shutdown, timer],
-                    &mut waiting,
-                )
-                .await
-            {
-                continue;
-            }
-            let Some(s) = session.as_ref() else {
-                continue;
-            };
-            match self.drain_stream(&mut deliverer, s, &stops).await {
-                // Given up: the session is made anew.
-                None => {}
-                Some(Ok(report)) => {
-                    db_failures = 0;
-                    self.after_stream(&report, &stops).await;
-                }
-                Some(Err(e)) => {
-                    self.ride_out(e, &ride_out, &mut db_failures, &stops)
-                        .await?
-                }
-            }
+            self.drain_once(&mut draining, session, term).await?;
         }
+    }
+
+    /// How many of the rows through `target` are pending (see [`Relay::ask`]).
+    async fn count_left(
+        &self,
+        target: i64,
+        stops: &[&CancellationToken; 2],
+    ) -> Option<Result<i64, StoreError>> {
+        self.ask(
+            "left",
+            || self.store.pending_through(target),
+            any_cancelled(stops),
+        )
+        .await
+    }
+
+    /// Leads if it can, then streams once while it does.
+    async fn drain_once(
+        &self,
+        d: &mut Draining<'_>,
+        session: &mut Option<Session>,
+        term: &mut Option<Term>,
+    ) -> Result<(), StoreError> {
+        if !self
+            .drain_leads(&mut d.deliverer, session, term, &d.stops, &mut d.waiting)
+            .await
+        {
+            return Ok(());
+        }
+        let Some(s) = session.as_ref() else {
+            return Ok(());
+        };
+        match self.drain_stream(&mut d.deliverer, s, &d.stops).await {
+            // Given up: the session is made anew.
+            None => {}
+            Some(Ok(report)) => {
+                d.db_failures = 0;
+                self.after_stream(&report, &d.stops).await;
+            }
+            Some(Err(e)) => self.ride_out(e, &mut d.db_failures, &d.stops).await?,
+        }
+        Ok(())
     }
 
     /// One stream while `drain` leads on `s`, until nothing is left to do now; None when it was
@@ -311,17 +322,20 @@ impl Relay {
         self.nap(wait, stops).await;
     }
 
-    /// A database error in the drain's loop: waited out (backing off) when `ride_out` says it
-    /// may heal before the drain ends, else returned. Stopped meanwhile, the loop's next look
-    /// says so.
+    /// A database error in the drain's loop: waited out (backing off) until the timeout, as
+    /// `run` does, when it may heal (a lost pooled connection, a server restarting), rather than
+    /// ending the drain long before it; returned otherwise (a missing table or privilege, a
+    /// read-only server, a pooler's signs, 42P05 among them, which no waiting fixes). Stopped
+    /// meanwhile, the loop's next look says so.
     async fn ride_out(
         &self,
         e: StoreError,
-        ride_out: &impl Fn(&StoreError) -> bool,
         failures: &mut u32,
         stops: &[&CancellationToken],
     ) -> Result<(), StoreError> {
-        if !ride_out(&e) {
+        // The pooler's signs first: they are also retryable errors.
+        let heals = !self.pooled(&e) && e.is_retryable() && !e.is_read_only();
+        if !heals || stops.iter().any(|s| s.is_cancelled()) {
             return Err(e);
         }
         self.db_backoff(&e, failures, stops).await;
@@ -344,28 +358,7 @@ impl Relay {
                 self.abandon(&old);
             }
             *term = None;
-            // Bounded (see `Relay::open_limit`), and by the drain's stop: stopped meanwhile,
-            // the caller's next look says so.
-            *session = tokio::select! {
-                opened = self.open(false) => match opened {
-                    Ok(s) => Some(s),
-                    Err(NoSession::Refused(e)) => {
-                        self.pooler.check(&e);
-                        warn!(error = %crate::db::describe(&e), "cannot connect");
-                        None
-                    }
-                    Err(NoSession::Stalled(limit)) => {
-                        warn!("cannot connect: {}", hint::stalled(limit));
-                        None
-                    }
-                },
-                () = any_cancelled(stop) => {
-                    warn!("gave up connecting to PostgreSQL to lead: the drain had to stop \
-                        first (a path to the database that lets connections in but no bytes \
-                        through?)");
-                    None
-                }
-            };
+            *session = self.drain_connect(stop).await;
         }
         let Some(s) = session.as_ref() else {
             self.nap(Duration::from_millis(200), stop).await;
@@ -377,18 +370,7 @@ impl Relay {
         let taken = match s.try_lead().await {
             Ok(Some(taken)) => taken,
             Ok(None) => {
-                if !std::mem::replace(&mut waiting.announced, true) {
-                    info!("another relay is delivering; waiting for it");
-                }
-                // A leader stopped or cut off lets its lease run out: ended, as `run` ends it,
-                // rather than waited for until the drain's timeout.
-                let ended = self.end_expired_leader(s, &mut waiting.refused).await;
-                if let Err(e) = &ended {
-                    debug!(error = %crate::db::describe(e), "cannot check the leader's lease");
-                }
-                if !matches!(ended, Ok(true)) {
-                    self.nap(Duration::from_millis(100), stop).await;
-                }
+                self.wait_for_leader(s, stop, waiting).await;
                 return false;
             }
             // Said with its cause and next step, as `run` says it, and asked again on a new
@@ -414,5 +396,50 @@ impl Relay {
             deliverer.forget();
         }
         waited
+    }
+
+    /// A session for `drain`, or None (said why). Bounded (see `Relay::open_limit`), and by the
+    /// drain's stop: stopped meanwhile, the caller's next look says so.
+    async fn drain_connect(&self, stop: &[&CancellationToken]) -> Option<Session> {
+        tokio::select! {
+            opened = self.open(false) => match opened {
+                Ok(s) => Some(s),
+                Err(NoSession::Refused(e)) => {
+                    self.pooler.check(&e);
+                    warn!(error = %crate::db::describe(&e), "cannot connect");
+                    None
+                }
+                Err(NoSession::Stalled(limit)) => {
+                    warn!("cannot connect: {}", hint::stalled(limit));
+                    None
+                }
+            },
+            () = any_cancelled(stop) => {
+                warn!("gave up connecting to PostgreSQL to lead: the drain had to stop \
+                    first (a path to the database that lets connections in but no bytes \
+                    through?)");
+                None
+            }
+        }
+    }
+
+    /// Another relay leads: said once. A leader stopped or cut off lets its lease run out:
+    /// ended, as `run` ends it, rather than waited for until the drain's timeout.
+    async fn wait_for_leader(
+        &self,
+        s: &Session,
+        stop: &[&CancellationToken],
+        waiting: &mut Waiting,
+    ) {
+        if !std::mem::replace(&mut waiting.announced, true) {
+            info!("another relay is delivering; waiting for it");
+        }
+        let ended = self.end_expired_leader(s, &mut waiting.refused).await;
+        if let Err(e) = &ended {
+            debug!(error = %crate::db::describe(e), "cannot check the leader's lease");
+        }
+        if !matches!(ended, Ok(true)) {
+            self.nap(Duration::from_millis(100), stop).await;
+        }
     }
 }
