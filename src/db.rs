@@ -66,6 +66,9 @@ impl PgConnect {
     }
 }
 
+/// The TCP connect's timeout where neither `DATABASE_URL` nor `PGCONNECT_TIMEOUT` sets one.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long the client waits for the server to acknowledge what it sent, and the server for the
 /// client, before the connection counts as dead. TCP keepalives alone stop probing as soon as one
 /// side has unacknowledged data (a notification, an answer), and Linux then retries for about 15
@@ -168,7 +171,7 @@ pub fn pg_config(settings: &DbSettings, application_name: &str) -> Result<PgConn
         cfg.target_session_attrs(TargetSessionAttrs::ReadWrite);
     }
     if !info.connect_timeout_given {
-        cfg.connect_timeout(Duration::from_secs(5));
+        cfg.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
     }
     cfg.keepalives(true)
         .keepalives_idle(Duration::from_secs(5))

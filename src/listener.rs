@@ -41,6 +41,10 @@ fn wake_payload(oid: i32) -> String {
 /// milliseconds; the heartbeat queued behind the wait is delayed by at most this.
 pub const WAKE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
+/// How long a new session waits for its own test notification (see
+/// `Session::check_notifications`).
+pub const NOTIFICATION_PROBE_WAIT: Duration = Duration::from_secs(2);
+
 /// What one heartbeat found.
 enum Beat {
     /// Standing by, on the session it began on.
@@ -114,6 +118,10 @@ impl Session {
         let client = Arc::new(client);
         let wake = Arc::new(Notify::new());
         let lost = CancellationToken::new();
+        // Until the session is made, a way out (an error, or the caller giving the connect up
+        // at its bound) ends the driver and the heartbeat, and with them the connection: left
+        // running, a heartbeat on a healthy connection would keep it open for good.
+        let unmade = lost.clone().drop_guard();
         let probe = Arc::new(Notify::new());
         let probe_payload = format!("{PROBE_PREFIX}{}", fastrand::u64(..));
 
@@ -161,6 +169,8 @@ impl Session {
             renewals,
             tasks: vec![driver, heartbeat],
         };
+        // The session's own drop ends them from here on.
+        unmade.disarm();
         if let Some(channel) = opts.channel {
             session
                 .client
@@ -186,7 +196,7 @@ impl Session {
         self.client
             .execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
             .await?;
-        if tokio::time::timeout(Duration::from_secs(2), arrived)
+        if tokio::time::timeout(NOTIFICATION_PROBE_WAIT, arrived)
             .await
             .is_err()
         {

@@ -64,6 +64,10 @@ pub(crate) struct RealLatency {
     /// The same, while the same commits go into the outbox (no relay running): what the
     /// machine's other work does to OpenFGA's Write, without the relay.
     pub(crate) write_beside_commits: Dist,
+    /// Those of the bare client's Writes beside the commits that OpenFGA did not accept (left
+    /// out of `write_beside_commits`), and the first such answer.
+    pub(crate) beside_failed: usize,
+    pub(crate) beside_error: Option<String>,
     /// The bare client's Writes OpenFGA did not accept (left out of `write`), and the first
     /// such answer.
     pub(crate) write_failed: usize,
@@ -260,7 +264,9 @@ impl Bench {
         let proxied_write = format!("{}/stores/{store}/write", fga.url());
         let write = bare_writes(http, &proxied_write, &format!("rw{tag}"), n, rate).await?;
         // Again with the same commits going into the outbox, no relay to deliver them (their
-        // rows are left pending: the next run starts with an empty table).
+        // rows are left pending: the next run starts with an empty table). Without a relay the
+        // trigger does not notify, and nothing reads or marks the rows: the baseline is the
+        // commits without the relay's PostgreSQL work, which is the relay's to count.
         let (bare_tag, commit_tag) = (format!("rc{tag}"), format!("{tag}c"));
         let (beside, _) = tokio::try_join!(
             bare_writes(http, &proxied_write, &bare_tag, n, rate),
@@ -273,6 +279,8 @@ impl Bench {
             relay_write: Dist::of(round_trips),
             write: write.ms,
             write_beside_commits: beside.ms,
+            beside_failed: beside.failed,
+            beside_error: beside.first_error,
             write_failed: write.failed,
             write_error: write.first_error,
         };
@@ -289,6 +297,13 @@ impl Bench {
         );
         println!("    and those Writes at OpenFGA: {}", r.relay_write.line());
         println!("    OpenFGA's own Write (bare client): {}", r.write.line());
+        if let Some(e) = &r.beside_error {
+            println!(
+                "    note: {} of the bare client's {n} Writes beside the commits failed (left \
+                 out); first: {e}",
+                r.beside_failed
+            );
+        }
         let (beside50, beside99) = r.added_beside_commits();
         println!(
             "    the same while the same commits go into the outbox (no relay): {}; against it \

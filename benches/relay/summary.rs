@@ -380,8 +380,13 @@ impl Results {
                     ms(l.relay_write.p99)
                 );
                 let (beside50, beside99) = l.added_beside_commits();
+                let beside_failed = if l.beside_failed > 0 {
+                    format!(" ({} of its Writes failed, left out)", l.beside_failed)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "| real OpenFGA, {}: … OpenFGA's Write while the same commits go into the outbox (no relay) | p50 {} ms, p99 {} ms; against it the relay adds {} / {} ms | | |",
+                    "| real OpenFGA, {}: … OpenFGA's Write while the same commits go into the outbox (no relay){beside_failed} | p50 {} ms, p99 {} ms; against it the relay adds {} / {} ms | | |",
                     l.config.label(),
                     ms(l.write_beside_commits.p50),
                     ms(l.write_beside_commits.p99),

@@ -44,19 +44,24 @@ const AUTHENTICATION: &str = "authentication";
 const PRIVILEGE: &str = "privilege";
 const NO_DATABASE: &str = "no database";
 
-/// A connection that did not open within `limit`, and nothing refused it: the TCP connect
-/// went through (its own timeout is shorter), and nothing came back after it.
-pub fn stalled(limit: Duration) -> Explained {
+/// A session that did not open within `limit`, and nothing refused it: no server answered
+/// (a TCP connect that timed out is an error, said as one), or one let the connection in and
+/// answered nothing after, or answered too slowly. `pg`: where it was opened, named without
+/// the password.
+pub fn stalled(limit: Duration, pg: &PgConnect) -> Explained {
     Explained {
         lasting: None,
         error: format!(
-            "PostgreSQL did not finish opening the connection within {}",
+            "PostgreSQL ({}) did not finish opening the connection within {}",
+            super::target::of_config(&pg.config),
             humantime::format_duration(limit)
         ),
         next: Some(
-            "the server accepted it and then answered nothing: look for a proxy, pooler or \
-             firewall in between that lets connections in but no bytes through, or a server \
-             that is stopped or out of resources"
+            "look for a server that is stopped or out of resources, or a proxy, pooler or \
+             firewall in between that lets connections in but no bytes through; on a slow \
+             link, raise connect_timeout (in DATABASE_URL, or PGCONNECT_TIMEOUT; 5 s by \
+             default): the bound is twice it for each host, and a heartbeat, and doubles after \
+             each such try, up to eight times"
                 .to_owned(),
         ),
     }

@@ -19,7 +19,11 @@ fn summary_with(url: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Stri
     let Ok(info) = super::conninfo::resolve(url, env, false) else {
         return "(the connection settings cannot be parsed)".to_owned();
     };
-    let cfg = info.config;
+    of_config(&info.config)
+}
+
+/// [`summary`] of settings already resolved.
+pub fn of_config(cfg: &tokio_postgres::Config) -> String {
     let hosts: Vec<String> = cfg
         .get_hosts()
         .iter()

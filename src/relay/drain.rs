@@ -10,7 +10,7 @@
 //! heartbeat is asked again on a new connection, so that a drain whose old connections froze
 //! still delivers on new ones.
 
-use super::{NoSession, Relay, Term};
+use super::{NoSession, Relay, Stalls, Term};
 use crate::db::hint;
 use crate::delivery::{Deliverer, Mode, PassReport};
 use crate::listener::Session;
@@ -40,6 +40,8 @@ struct Waiting {
     refused: bool,
     /// Errors asking for leadership: said once a minute while they last.
     recurring: Recurring,
+    /// Tries to open a session that stalled, in a row.
+    stalls: Stalls,
 }
 
 /// What `drain`'s loop keeps from one look to the next.
@@ -358,7 +360,7 @@ impl Relay {
                 self.abandon(&old);
             }
             *term = None;
-            *session = self.drain_connect(stop).await;
+            *session = self.drain_connect(stop, &mut waiting.stalls).await;
         }
         let Some(s) = session.as_ref() else {
             self.nap(Duration::from_millis(200), stop).await;
@@ -400,17 +402,22 @@ impl Relay {
 
     /// A session for `drain`, or None (said why). Bounded (see `Relay::open_limit`), and by the
     /// drain's stop: stopped meanwhile, the caller's next look says so.
-    async fn drain_connect(&self, stop: &[&CancellationToken]) -> Option<Session> {
+    async fn drain_connect(
+        &self,
+        stop: &[&CancellationToken],
+        stalls: &mut Stalls,
+    ) -> Option<Session> {
         tokio::select! {
-            opened = self.open(false) => match opened {
+            opened = self.open(false, stalls) => match opened {
                 Ok(s) => Some(s),
-                Err(NoSession::Refused(e)) => {
+                Err(NoSession::Failed(e)) => {
                     self.pooler.check(&e);
                     warn!(error = %crate::db::describe(&e), "cannot connect");
                     None
                 }
                 Err(NoSession::Stalled(limit)) => {
-                    warn!("cannot connect: {}", hint::stalled(limit));
+                    let why = hint::stalled(limit, &self.pg.get());
+                    warn!(error = %why.error, next = why.next.as_deref(), "cannot connect");
                     None
                 }
             },

@@ -48,10 +48,22 @@ const AFTER_ENDING_LEADER: Duration = Duration::from_millis(100);
 
 /// Why no session opened.
 enum NoSession {
-    /// PostgreSQL, or the path to it, answered with this error.
-    Refused(tokio_postgres::Error),
-    /// Nothing answered within this long (see [`Relay::open_limit`]).
+    /// Opening it failed with this error (refused, a TCP connect timed out, a server's error).
+    Failed(tokio_postgres::Error),
+    /// Nothing failed, and it had not opened within this long (see [`Relay::open_limit`]).
     Stalled(Duration),
+}
+
+/// Tries to open a session that stalled, in a row: each doubles the next try's bound, up to
+/// eight times the first.
+#[derive(Default)]
+struct Stalls(u32);
+
+impl Stalls {
+    /// What the next try's bound is multiplied by.
+    fn factor(&self) -> u32 {
+        1 << self.0.min(3)
+    }
 }
 
 /// Everything a relay needs, built once by the command line (or a test).
@@ -126,6 +138,7 @@ struct Sessions {
     failures: u32,
     /// A session was up before: the next one is a reconnection.
     connected_before: bool,
+    stalls: Stalls,
 }
 
 /// How leading ended.
@@ -180,30 +193,58 @@ impl Relay {
         }
     }
 
-    /// How long opening a session may take in all: the TCP connect (its connect timeout), then
-    /// TLS, the startup and authentication, which that timeout does not cover, the session's
-    /// settings and LISTEN, its look for a pooler (a heartbeat at most) and the end of the
-    /// session before: twice the connect timeout and a heartbeat. A path that lets the TCP
-    /// connect through and nothing after it (a proxy whose server side hangs, a stopped server)
-    /// would otherwise hold the relay in its connect for ever, deaf to a shutdown too.
+    /// How long opening a session may take in all, the first time: the TCP connect (its
+    /// connect timeout, for each host of the list, tried in turn), then TLS, the startup and
+    /// authentication, which that timeout does not cover, the session's settings and LISTEN,
+    /// its test notification, its look for a pooler (a heartbeat at most) and the end of the
+    /// session before: twice the connect timeout for each host, a heartbeat and the test
+    /// notification's wait (17 s by default). A path that lets the TCP connect through and
+    /// nothing after it (a proxy whose server side hangs, a stopped server) would otherwise
+    /// hold the relay in its connect for ever, deaf to a shutdown too. A connect timeout of 0
+    /// (wait for ever) counts as the default here. A host whose name resolves to several
+    /// addresses gets a connect timeout for each: the bound doubles after each try that
+    /// stalls (see [`Stalls`]), so a slow but working path gets through after a few.
     fn open_limit(&self) -> Duration {
-        let connect = self
-            .pg
-            .get()
+        let pg = self.pg.get();
+        let connect = pg
             .config
             .get_connect_timeout()
             .copied()
-            .unwrap_or(Duration::from_secs(5));
-        connect.saturating_mul(2) + self.delivery.heartbeat_interval
+            .unwrap_or(crate::db::DEFAULT_CONNECT_TIMEOUT);
+        let hosts = pg
+            .config
+            .get_hosts()
+            .len()
+            .max(pg.config.get_hostaddrs().len())
+            .max(1);
+        connect.saturating_mul(2 * u32::try_from(hosts).unwrap_or(u32::MAX))
+            + self.delivery.heartbeat_interval
+            + crate::listener::NOTIFICATION_PROBE_WAIT
     }
 
-    /// [`Relay::connect`], within [`Relay::open_limit`].
-    async fn open(&self, listen: bool) -> Result<Session, NoSession> {
-        let limit = self.open_limit();
-        match tokio::time::timeout(limit, self.connect(listen)).await {
-            Ok(Ok(session)) => Ok(session),
-            Ok(Err(e)) => Err(NoSession::Refused(e)),
-            Err(_) => Err(NoSession::Stalled(limit)),
+    /// [`Relay::connect`], within [`Relay::open_limit`] grown by the tries that stalled before
+    /// (counted here: reset by one that does not). Beats the liveness meanwhile: a connect
+    /// bounded so is not a stuck relay.
+    async fn open(&self, listen: bool, stalls: &mut Stalls) -> Result<Session, NoSession> {
+        let limit = self.open_limit().saturating_mul(stalls.factor());
+        let opening = tokio::time::timeout(limit, self.connect(listen));
+        tokio::pin!(opening);
+        let mut beats = tokio::time::interval(self.delivery.heartbeat_interval);
+        let opened = loop {
+            tokio::select! {
+                opened = &mut opening => break opened,
+                _ = beats.tick() => self.liveness.beat(),
+            }
+        };
+        match opened {
+            Ok(opened) => {
+                stalls.0 = 0;
+                opened.map_err(NoSession::Failed)
+            }
+            Err(_) => {
+                stalls.0 = stalls.0.saturating_add(1);
+                Err(NoSession::Stalled(limit))
+            }
         }
     }
 
@@ -224,16 +265,18 @@ impl Relay {
             session.probe_pooler(self.store.pool()),
         )
         .await;
-        // Forgotten only once the end was asked: a connect given up meanwhile (see
-        // `Relay::open`) leaves it to the next.
+        // Forgotten only once the server answered the ask to end it: a connect given up
+        // meanwhile (see `Relay::open`), or an error, leaves it to the next (the ask is keyed
+        // on its pid and start, so asking again is harmless).
         let abandoned = *locked(&self.terms.abandoned);
         if let Some(old) = abandoned {
             let ended = session.end_session(old).await;
-            let mut kept = locked(&self.terms.abandoned);
-            if *kept == Some(old) {
-                *kept = None;
+            if ended.is_ok() {
+                let mut kept = locked(&self.terms.abandoned);
+                if *kept == Some(old) {
+                    *kept = None;
+                }
             }
-            drop(kept);
             match ended {
                 Ok(true) => {
                     warn!(
@@ -369,7 +412,7 @@ impl Relay {
         while !shutdown.is_cancelled() {
             self.liveness.beat();
             let opened = tokio::select! {
-                opened = self.open(true) => opened,
+                opened = self.open(true, &mut sessions.stalls) => opened,
                 () = shutdown.cancelled() => break,
             };
             let session = match opened {
@@ -424,7 +467,7 @@ impl Relay {
         no: &NoSession,
         shutdown: &CancellationToken,
     ) -> bool {
-        if let NoSession::Refused(e) = no
+        if let NoSession::Failed(e) = no
             && self.pooler.check(e)
         {
             return false;
@@ -432,8 +475,8 @@ impl Relay {
         sessions.failures += 1;
         let wait = RECONNECT_BACKOFF.delay(sessions.failures);
         let why = match no {
-            NoSession::Refused(e) => self.explain(e).await,
-            NoSession::Stalled(limit) => hint::stalled(*limit),
+            NoSession::Failed(e) => self.explain(e).await,
+            NoSession::Stalled(limit) => hint::stalled(*limit, &self.pg.get()),
         };
         hint::log(
             "cannot open the LISTEN connection",

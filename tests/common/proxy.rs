@@ -115,6 +115,16 @@ impl FreezingProxy {
         self.freeze_named(needle)
     }
 
+    /// How many connections made so far sent first bytes containing `needle`.
+    pub fn connections_named(&self, needle: &str) -> usize {
+        let pick = contains(needle);
+        let switches = self.switches.lock().unwrap();
+        switches
+            .iter()
+            .filter(|(_, hello)| pick(&hello.lock().unwrap()))
+            .count()
+    }
+
     /// Undoes [`FreezingProxy::freeze_named_from_now_on`] for new connections: they flow
     /// again (those frozen stay frozen).
     pub fn let_new_connections_through(&self) {

@@ -207,11 +207,12 @@ async fn a_leader_whose_session_and_idle_pool_freeze_delivers_on_new_connections
 }
 
 /// A leader whose LISTEN connection freezes, and each new one after it (their TCP connect
-/// succeeds, nothing after it passes: the connect timeout covers only the TCP connect): each
-/// try to open a session is given up after twice the connect timeout and a heartbeat, said
-/// with what to look for, and tried again; once connections get through again, the relay
-/// leads and delivers. Without that bound its first try waits for ever, deaf to a shutdown
-/// too, and nothing is delivered again.
+/// succeeds, nothing after it passes: the connect timeout covers only the TCP connect): the
+/// first try to open a session is given up after twice the connect timeout, a heartbeat and
+/// the test notification's 2 s (7 s here), said with where and what to look for, and tried
+/// again (each try's bound twice the last's); once connections get through again, the relay
+/// leads and delivers. Without that bound its first try waits for ever, and nothing is
+/// delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_new_sessions_never_open_tries_again_and_delivers_once_they_do() {
     let env = Env::with(tcp_db(&[]), Fga::start()).await;
@@ -224,16 +225,19 @@ async fn a_relay_whose_new_sessions_never_open_tries_again_and_delivers_once_the
     ]);
     relay.wait_for_log("delivering (leader)").await;
     assert_eq!(proxy.freeze_named_from_now_on("fga-relay run listener"), 1);
-    let stalled = "PostgreSQL did not finish opening the connection within 5s";
+    let stalled = "did not finish opening the connection within 7s";
     wait_until(RECOVERY, "a try to open a session is given up", || async {
         relay.logs().contains(stalled)
     })
     .await;
     let logs = relay.logs();
-    assert!(
-        logs.contains("lets connections in but no bytes through"),
-        "no next step said; its log:\n{logs}"
-    );
+    for said in [
+        "host=127.0.0.1",
+        "lets connections in but no bytes through",
+        "raise connect_timeout",
+    ] {
+        assert!(logs.contains(said), "{said:?} not said; its log:\n{logs}");
+    }
     proxy.let_new_connections_through();
     let after = env
         .insert(writes(&[tk("user:after", "viewer", "document:a")]))
@@ -245,6 +249,42 @@ async fn a_relay_whose_new_sessions_never_open_tries_again_and_delivers_once_the
     )
     .await;
     assert!(env.fga.has("user:after", "viewer", "document:a"));
+}
+
+/// As above, but the relay is told to stop (SIGTERM) while it tries to open a session that
+/// never opens (a 10 s connect timeout: a 23 s bound): it stops at once, exit 0. Without the
+/// stop heard while it connects it waits out the bound first (and with no bound, for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stopped_while_its_new_session_never_opens_stops_at_once() {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = format!("{} connect_timeout=10", tcp_url(proxy.port()));
+    let mut relay = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+        ("FGA_RELAY_LEADER_LEASE", "3s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    assert_eq!(proxy.freeze_named_from_now_on("fga-relay run listener"), 1);
+    wait_until(RECOVERY, "the session is lost", || async {
+        relay.logs().contains("LISTEN connection lost")
+    })
+    .await;
+    wait_until(RECOVERY, "the next try is under way, frozen", || async {
+        proxy.connections_named("fga-relay run listener") >= 2
+    })
+    .await;
+    let t0 = Instant::now();
+    relay.term();
+    let status = relay.wait_exit(Duration::from_secs(30)).await;
+    let took = t0.elapsed();
+    println!("exited {status} {took:?} after SIGTERM");
+    let logs = relay.logs();
+    assert!(status.success(), "{status}; its log:\n{logs}");
+    assert!(
+        took < Duration::from_secs(10),
+        "stopped {took:?} after SIGTERM; its log:\n{logs}"
+    );
 }
 
 /// `fga-relay drain` all of whose connections freeze while one of its Writes is in flight: the
