@@ -206,6 +206,27 @@ async fn a_leader_whose_session_and_idle_pool_freeze_delivers_on_new_connections
     assert!(env.fga.has("user:after", "viewer", "document:a"));
 }
 
+/// A relay leading through a proxy (1 s heartbeat, 3 s lease, this connect timeout in
+/// seconds), whose LISTEN connection the proxy then freezes, and every new one after it.
+async fn leader_whose_new_sessions_freeze(
+    connect_timeout: u32,
+) -> (Env, crate::common::proxy::FreezingProxy, RelayProc) {
+    let env = Env::with(tcp_db(&[]), Fga::start()).await;
+    let proxy = proxy_for(&env).await;
+    let url = format!(
+        "{} connect_timeout={connect_timeout}",
+        tcp_url(proxy.port())
+    );
+    let relay = env.spawn_relay(&[
+        ("DATABASE_URL", url.as_str()),
+        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
+        ("FGA_RELAY_LEADER_LEASE", "3s"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    assert_eq!(proxy.freeze_named_from_now_on("fga-relay run listener"), 1);
+    (env, proxy, relay)
+}
+
 /// A leader whose LISTEN connection freezes, and each new one after it (their TCP connect
 /// succeeds, nothing after it passes: the connect timeout covers only the TCP connect): the
 /// first try to open a session is given up after twice the connect timeout, a heartbeat and
@@ -215,16 +236,7 @@ async fn a_leader_whose_session_and_idle_pool_freeze_delivers_on_new_connections
 /// delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_new_sessions_never_open_tries_again_and_delivers_once_they_do() {
-    let env = Env::with(tcp_db(&[]), Fga::start()).await;
-    let proxy = proxy_for(&env).await;
-    let url = format!("{} connect_timeout=2", tcp_url(proxy.port()));
-    let relay = env.spawn_relay(&[
-        ("DATABASE_URL", url.as_str()),
-        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
-        ("FGA_RELAY_LEADER_LEASE", "3s"),
-    ]);
-    relay.wait_for_log("delivering (leader)").await;
-    assert_eq!(proxy.freeze_named_from_now_on("fga-relay run listener"), 1);
+    let (env, proxy, relay) = leader_whose_new_sessions_freeze(2).await;
     let stalled = "did not finish opening the connection within 7s";
     wait_until(RECOVERY, "a try to open a session is given up", || async {
         relay.logs().contains(stalled)
@@ -256,16 +268,7 @@ async fn a_relay_whose_new_sessions_never_open_tries_again_and_delivers_once_the
 /// stop heard while it connects it waits out the bound first (and with no bound, for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_stopped_while_its_new_session_never_opens_stops_at_once() {
-    let env = Env::with(tcp_db(&[]), Fga::start()).await;
-    let proxy = proxy_for(&env).await;
-    let url = format!("{} connect_timeout=10", tcp_url(proxy.port()));
-    let mut relay = env.spawn_relay(&[
-        ("DATABASE_URL", url.as_str()),
-        ("FGA_RELAY_HEARTBEAT_INTERVAL", "1s"),
-        ("FGA_RELAY_LEADER_LEASE", "3s"),
-    ]);
-    relay.wait_for_log("delivering (leader)").await;
-    assert_eq!(proxy.freeze_named_from_now_on("fga-relay run listener"), 1);
+    let (_env, proxy, mut relay) = leader_whose_new_sessions_freeze(10).await;
     wait_until(RECOVERY, "the session is lost", || async {
         relay.logs().contains("LISTEN connection lost")
     })
