@@ -222,18 +222,8 @@ impl Core {
                 op: Some(i),
                 ref message,
             } => {
-                // Success for that operation; send the rest again.
                 debug!(ids = ?plan.ids(), %message, "OpenFGA already had this operation applied");
-                if let Some((r, op)) = Self::locate(&plan, i) {
-                    self.memo
-                        .entry(plan.rows[r].0.id)
-                        .or_default()
-                        .done
-                        .insert(op);
-                    self.requeue(plan.into_rows());
-                    return;
-                }
-                self.split_or_dead_letter(plan, &e, fx)
+                self.applied_already(plan, i, &e, fx)
             }
             WriteError::AlreadyApplied { op: None, .. } | WriteError::Rejected { op: None, .. } => {
                 self.split_or_dead_letter(plan, &e, fx)
@@ -269,8 +259,7 @@ impl Core {
                          using its limit (set FGA_RELAY_MAX_TUPLES_PER_WRITE={lower})"
                     );
                     self.max_tuples = lower;
-                    self.requeue(plan.into_rows());
-                    return;
+                    return self.requeue(plan.into_rows());
                 }
                 self.lanes.note(true, None, &plan.target, now);
                 self.outage(plan, &e, CONFIG_BACKOFF, now, fx);
@@ -297,6 +286,21 @@ impl Core {
             }
             WriteError::Transient { .. } => self.halve_or_hold(plan, &e, OUTAGE_BACKOFF, now, fx),
         }
+    }
+
+    /// An older OpenFGA's "already exists" for operation `i` of the Write: success for that
+    /// operation, remembered with its row; the rest is sent again. An operation it cannot place
+    /// is taken as a permanent answer that does not say which row.
+    fn applied_already(&mut self, plan: Plan, i: usize, e: &WriteError, fx: &mut Effects) {
+        let Some((r, op)) = Self::locate(&plan, i) else {
+            return self.split_or_dead_letter(plan, e, fx);
+        };
+        self.memo
+            .entry(plan.rows[r].0.id)
+            .or_default()
+            .done
+            .insert(op);
+        self.requeue(plan.into_rows());
     }
 
     /// A permanent answer that does not say which row: split the Write to find out, or, for a

@@ -340,16 +340,7 @@ impl Deliverer {
         if !self.listen_or_poll(turn, controls).await {
             return;
         }
-        let due = [
-            self.core.due,
-            self.read_again_at,
-            turn.linger_until,
-            turn.listen_at,
-            turn.poll_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        let due = self.next_due(turn);
         let timer = async {
             match due {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -393,18 +384,35 @@ impl Deliverer {
                     turn.trigger = trigger;
                 }
             }
-            _ = timer => {
-                // A row or store came due (its store's rows are read again), a put-off read, or
-                // the wake lock's next try.
-                self.core.due = None;
-                self.read_again_at = None;
-                self.want_read = true;
-                turn.listen_at = None;
-                turn.poll_at = None;
-            }
+            _ = timer => self.came_due(turn),
             // Once stopped, only the Writes in flight are waited for.
             _ = stop, if turn.launching => {}
             _ = tokio::time::sleep(beat) => {}
         }
+    }
+
+    /// The earliest of what the stream waits for on a clock: a row or store coming due, a read
+    /// put off (`--linger`, a read again, the poll), the wake lock's next try.
+    fn next_due(&self, turn: &Turn<'_>) -> Option<Instant> {
+        [
+            self.core.due,
+            self.read_again_at,
+            turn.linger_until,
+            turn.listen_at,
+            turn.poll_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// [`Deliverer::next_due`] came: a row or store came due (its store's rows are read
+    /// again), a put-off read, or the wake lock's next try.
+    fn came_due(&mut self, turn: &mut Turn<'_>) {
+        self.core.due = None;
+        self.read_again_at = None;
+        self.want_read = true;
+        turn.listen_at = None;
+        turn.poll_at = None;
     }
 }
