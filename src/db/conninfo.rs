@@ -60,8 +60,18 @@ pub fn resolve(
         })?
     };
     let hosts_defaulted = fill_target(&mut config, &env)?;
-    let connect_timeout_given =
-        rest.contains("connect_timeout") || connect_timeout_from_env(&mut config, &env)?;
+    let connect_timeout_given = if rest.contains("connect_timeout") {
+        // libpq's minimum, as for `PGCONNECT_TIMEOUT`: 1 s means 2 s.
+        if config
+            .get_connect_timeout()
+            .is_some_and(|t| *t < MIN_CONNECT_TIMEOUT)
+        {
+            config.connect_timeout(MIN_CONNECT_TIMEOUT);
+        }
+        true
+    } else {
+        connect_timeout_from_env(&mut config, &env)?
+    };
     let tls_from_env = fill_tls(&mut tls, &env);
     if config.get_password().is_none() {
         if let Some(p) = env("PGPASSWORD") {
@@ -136,6 +146,9 @@ fn fill_target(
     Ok(hosts_defaulted)
 }
 
+/// The shortest connect timeout libpq takes: a shorter one given means this.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// `PGCONNECT_TIMEOUT`, as libpq reads it: 0 or less waits for ever, and less than 2 s means
 /// 2 s. Returns whether it was given.
 fn connect_timeout_from_env(
@@ -152,7 +165,7 @@ fn connect_timeout_from_env(
         )
     })?;
     if secs > 0 {
-        config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
+        config.connect_timeout(Duration::from_secs(secs as u64).max(MIN_CONNECT_TIMEOUT));
     }
     Ok(true)
 }
@@ -289,6 +302,13 @@ mod tests {
         assert_eq!(
             full.config.get_connect_timeout(),
             Some(&Duration::from_secs(9))
+        );
+
+        // libpq's minimum, from the URL as from the environment.
+        let short = resolve(Some("host=h connect_timeout=1"), &env, true).unwrap();
+        assert_eq!(
+            short.config.get_connect_timeout(),
+            Some(&Duration::from_secs(2))
         );
 
         let empty = resolve(Some("postgresql://"), &env, true).unwrap();
