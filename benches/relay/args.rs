@@ -72,7 +72,7 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) stores_backlog: Option<usize>,
     /// Relay burn-downs in each of the real scenario's two settings, each between two of the bare
-    /// client's ceilings; the ratio is the median of theirs [3; smoke 1].
+    /// client's ceilings; the ratio is the median of theirs [5; smoke 1].
     #[arg(long)]
     pub(crate) real_rounds: Option<usize>,
     /// CPUs' worth of time per period OpenFGA and its PostgreSQL get in the real scenario's
@@ -237,7 +237,7 @@ impl Sizes {
             wait_timeout_seconds: if s { 1 } else { 5 },
             idle_seconds: a.idle_seconds.unwrap_or(if s { 3 } else { 60 }).max(1),
             real_backlog: if s { 500 } else { 20_000 },
-            real_rounds: a.real_rounds.unwrap_or(if s { 1 } else { 3 }).max(1),
+            real_rounds: a.real_rounds.unwrap_or(if s { 1 } else { 5 }).max(1),
             stores: a.stores.unwrap_or(if s { 20 } else { 1_000 }).max(1),
             stores_backlog: a
                 .stores_backlog
