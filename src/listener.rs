@@ -471,16 +471,7 @@ struct Pulse {
 /// Beats until the session is lost: renews the lease while leading, and loses the session when
 /// a beat fails, goes unanswered, or finds the session taken over or moved.
 async fn beat(pulse: Pulse) {
-    let Pulse {
-        client,
-        lost,
-        every,
-        lease,
-        term,
-        renewals,
-        pooler,
-        first_pid,
-    } = pulse;
+    let every = pulse.every;
     // On a fixed cadence, not a heartbeat after the previous answer: renewals that
     // each take most of a heartbeat must not add up. Renewal k+1 is due one
     // heartbeat after renewal k was due and is answered within a heartbeat of that
@@ -492,71 +483,93 @@ async fn beat(pulse: Pulse) {
     loop {
         let due = tokio::select! {
             due = ticks.tick() => due,
-            _ = lost.cancelled() => return,
+            _ = pulse.lost.cancelled() => return,
         };
         let sent = LeaseInstant::now();
-        let leading = term.end().is_some();
-        // Every beat but a successful renewal asks for the session's pid: one that
-        // changed is a pooler in transaction mode (see `db::pooler`), not a takeover.
+        let leading = pulse.term.end().is_some();
         // Only a renewal that may still extend the lease: one sent past its end (the process
         // continued after a stop) is not waited for.
-        if term.end().is_some_and(|end| sent < end) {
-            renewals.sent(sent);
+        if pulse.term.end().is_some_and(|end| sent < end) {
+            pulse.renewals.sent(sent);
         }
-        let check = async {
-            if leading && lease.renew(&client).await? {
-                return Ok(Beat::Renewed);
-            }
-            let now = backend_pid(&client).await?;
-            if let (Some(&was), Some(now)) = (first_pid.get(), now)
-                && pooler.check_pid(was, now)
-            {
-                return Ok(Beat::Moved);
-            }
-            Ok(if leading {
-                Beat::TakenOver
-            } else {
-                Beat::Alive
-            })
-        };
-        match tokio::time::timeout_at(due + every, check).await {
-            Ok(Ok(Beat::Alive)) => {}
+        let found = tokio::time::timeout_at(due + every, pulse.check(leading)).await;
+        if !pulse.take(found, sent) {
+            pulse.lost.cancel();
+            return;
+        }
+    }
+}
+
+impl Pulse {
+    /// One beat: a renewal while leading, else (or when the renewal found the record taken)
+    /// the session's pid, whose change is a pooler in transaction mode (see `db::pooler`), not
+    /// a takeover.
+    async fn check(&self, leading: bool) -> Result<Beat, tokio_postgres::Error> {
+        if leading && self.lease.renew(&self.client).await? {
+            return Ok(Beat::Renewed);
+        }
+        let now = backend_pid(&self.client).await?;
+        if let (Some(&was), Some(now)) = (self.first_pid.get(), now)
+            && self.pooler.check_pid(was, now)
+        {
+            return Ok(Beat::Moved);
+        }
+        Ok(if leading {
+            Beat::TakenOver
+        } else {
+            Beat::Alive
+        })
+    }
+
+    /// Takes in what the beat sent at `sent` found (`Err`: no answer within a heartbeat).
+    /// False when the session is lost.
+    fn take(
+        &self,
+        found: Result<Result<Beat, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+        sent: LeaseInstant,
+    ) -> bool {
+        match found {
+            Ok(Ok(Beat::Alive)) => true,
             Ok(Ok(Beat::Renewed)) => {
-                let took = LeaseInstant::now().saturating_duration_since(sent);
-                if took > every / 2 {
-                    // A renewal has one heartbeat to answer before the lease runs out by this
-                    // relay's clock: past half of it, said before it is too late.
-                    warn!(took = ?took, heartbeat = ?every, "the lease's renewal was slow to \
-                        answer: PostgreSQL may be waiting on its disk (a renewal commits \
-                        durably); a longer --heartbeat-interval and --leader-lease give it room");
-                }
-                // Too late to extend a lease already run out: that one stays run out.
-                let in_time = term.extend_to(sent + lease.lease - lease.margin);
-                renewals.answered(sent, in_time);
+                self.renewed(sent);
+                true
             }
+            // Taken over while it was leading; a term let go meanwhile loses nothing.
             Ok(Ok(Beat::TakenOver)) => {
-                if term.end().is_some() {
+                let still = self.term.end().is_some();
+                if still {
                     warn!("another relay has taken over leadership");
-                    lost.cancel();
-                    return;
                 }
+                !still
             }
-            Ok(Ok(Beat::Moved)) => {
-                lost.cancel();
-                return;
-            }
+            Ok(Ok(Beat::Moved)) => false,
             Ok(Err(e)) => {
-                pooler.check(&e);
+                self.pooler.check(&e);
                 warn!(error = %crate::db::describe(&e), "heartbeat failed");
-                lost.cancel();
-                return;
+                false
             }
             Err(_) => {
-                warn!(timeout = ?every, "heartbeat got no answer: the connection is dead");
-                lost.cancel();
-                return;
+                warn!(timeout = ?self.every, "heartbeat got no answer: the connection is dead");
+                false
             }
         }
+    }
+
+    /// A renewal sent at `sent` was answered: the lease runs on from then.
+    fn renewed(&self, sent: LeaseInstant) {
+        let took = LeaseInstant::now().saturating_duration_since(sent);
+        if took > self.every / 2 {
+            // A renewal has one heartbeat to answer before the lease runs out by this relay's
+            // clock: past half of it, said before it is too late.
+            warn!(took = ?took, heartbeat = ?self.every, "the lease's renewal was slow to \
+                answer: PostgreSQL may be waiting on its disk (a renewal commits durably); a \
+                longer --heartbeat-interval and --leader-lease give it room");
+        }
+        // Too late to extend a lease already run out: that one stays run out.
+        let in_time = self
+            .term
+            .extend_to(sent + self.lease.lease - self.lease.margin);
+        self.renewals.answered(sent, in_time);
     }
 }
 
