@@ -56,14 +56,14 @@ pub fn stalled(limit: Duration, pg: &PgConnect) -> Explained {
             super::target::of_config(&pg.config),
             humantime::format_duration(limit)
         ),
-        next: Some(
+        next: Some(format!(
             "look for a server that is stopped or out of resources, or a proxy, pooler or \
              firewall in between that lets connections in but no bytes through; on a slow \
-             link, raise connect_timeout (in DATABASE_URL, or PGCONNECT_TIMEOUT; 5 s by \
+             link, raise connect_timeout (in DATABASE_URL, or PGCONNECT_TIMEOUT; {} by \
              default): the bound is twice it for each host, and a heartbeat, and doubles after \
-             each such try, up to eight times"
-                .to_owned(),
-        ),
+             each such try, up to eight times",
+            humantime::format_duration(super::DEFAULT_CONNECT_TIMEOUT)
+        )),
     }
 }
 

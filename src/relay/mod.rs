@@ -418,7 +418,7 @@ impl Relay {
             let session = match opened {
                 Ok(s) => s,
                 Err(no) => {
-                    if !self.refused(&mut sessions, &no, &shutdown).await {
+                    if !self.not_opened(&mut sessions, &no, &shutdown).await {
                         break;
                     }
                     continue;
@@ -459,9 +459,10 @@ impl Relay {
         info!("relay stopped");
     }
 
-    /// The LISTEN connection could not be opened: says why, and waits before the next try.
-    /// Returns false when shutdown came meanwhile.
-    async fn refused(
+    /// The LISTEN connection could not be opened (it failed, or stalled): says why, and waits
+    /// before the next try. Returns false when the relay is to stop: shutdown came meanwhile,
+    /// or a pooler in transaction mode is in between.
+    async fn not_opened(
         &self,
         sessions: &mut Sessions,
         no: &NoSession,
