@@ -127,6 +127,7 @@ pub struct PendingCounts {
 struct Queries {
     claim: String,
     claim_locked: String,
+    claim_lanes: String,
     claim_store: String,
     claim_below: String,
     refresh: String,
@@ -167,6 +168,7 @@ impl Store {
         let q = Queries {
             claim: r(include_str!("../sql/queries/claim.sql")),
             claim_locked: r(include_str!("../sql/queries/claim_locked.sql")),
+            claim_lanes: r(include_str!("../sql/queries/claim_lanes.sql")),
             claim_store: r(include_str!("../sql/queries/claim_store.sql")),
             claim_below: r(include_str!("../sql/queries/claim_below.sql")),
             refresh: r(include_str!("../sql/queries/refresh.sql")),
@@ -236,6 +238,26 @@ impl Store {
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim).await?;
         Self::claimed(tx.query(&stmt, &[&held, &closed, &limit]).await?)
+    }
+
+    /// Reads the lowest pending rows of each lane not in `closed` (as [`Store::claim`] matches
+    /// them) not among `held`, each lane through an index of its own, so that the rows of the
+    /// lanes left out are not walked past (claim_lanes.sql; nothing locked): at most `limit`,
+    /// shared among the lanes with rows pending. `configured`: the configured store's id (`""`
+    /// while it is not known), whose rows are in one lane with the rows naming none.
+    pub async fn claim_lanes(
+        &self,
+        tx: &impl GenericClient,
+        held: &[i64],
+        closed: &[&str],
+        limit: i64,
+        configured: &str,
+    ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.claim_lanes).await?;
+        Self::claimed(
+            tx.query(&stmt, &[&held, &closed, &limit, &configured])
+                .await?,
+        )
     }
 
     /// Reads ahead the lowest pending rows of `store` (a store rows name) not among `held`

@@ -163,6 +163,23 @@ struct World {
     delivered_at: HashMap<i64, Duration>,
 }
 
+/// A read by lane (claim_lanes.sql), while a store is held: each lane's lowest rows, an equal
+/// share of a read each, then the lowest of those. `readable`: (lane, id) in id order.
+fn by_lane(readable: Vec<(String, i64)>) -> Vec<i64> {
+    let mut lanes: HashMap<String, Vec<i64>> = HashMap::new();
+    for (key, id) in readable {
+        lanes.entry(key).or_default().push(id);
+    }
+    let share = BATCH.div_ceil(lanes.len().max(1));
+    let mut read: Vec<i64> = lanes
+        .into_values()
+        .flat_map(|ids| ids.into_iter().take(share))
+        .collect();
+    read.sort_unstable();
+    read.truncate(BATCH);
+    read
+}
+
 fn store_of(s: usize) -> Option<Arc<str>> {
     (s > 0).then(|| Arc::from(format!("store{s}").as_str()))
 }
@@ -434,18 +451,21 @@ impl World {
                 .closed(Some("store0"), &self.core.full(), now)
                 .into_iter()
                 .collect();
-            let read: Vec<i64> = self
+            let readable: Vec<(String, i64)> = self
                 .rows
                 .iter()
                 .filter(|r| r.committed.is_some() && r.state == State::Pending)
                 .filter(|r| !hand.contains(&r.id))
-                .filter(|r| {
+                .map(|r| {
                     let key = store_of(r.store).map_or(String::new(), |s| s.to_string());
-                    !closed.contains(&key)
+                    (key, r.id)
                 })
-                .take(BATCH)
-                .map(|r| r.id)
+                .filter(|(key, _)| !closed.contains(key))
                 .collect();
+            let read = match self.core.lanes.held_stores(now).is_empty() {
+                true => readable.into_iter().take(BATCH).map(|(_, id)| id).collect(),
+                false => by_lane(readable),
+            };
             for id in read {
                 self.admit(id);
             }

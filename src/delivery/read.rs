@@ -42,6 +42,25 @@ impl Ahead {
     }
 }
 
+/// What a read brought.
+pub(super) struct Read {
+    /// Rows read.
+    pub(super) rows: usize,
+    /// Whether more rows may be pending that it did not read.
+    pub(super) more: bool,
+}
+
+/// How a read finds its rows.
+#[derive(Clone, Copy)]
+enum Claim {
+    /// In id order, locked in a transaction kept for the next Write (nothing in hand).
+    Locked,
+    /// In id order, nothing locked.
+    InIdOrder,
+    /// Each lane not left out from its own index (a store held), nothing locked.
+    ByLane,
+}
+
 /// Why a row read cannot be queued yet.
 enum Unqueued {
     /// The configured store's id is not known, so which lane the row is in is not either.
@@ -66,14 +85,10 @@ fn unresolved(said: &Recurring, id: i64, store: &str, what: &'static str) -> Unq
 
 impl Deliverer {
     /// Reads the lowest pending rows not in hand (of stores not held) into the queue: at most
-    /// `limit`. With `lock` (nothing in hand), it reads them locked, and keeps the transaction
-    /// that holds them for the next Write when every row read went into the queue. Returns how
-    /// many rows were read.
-    pub(super) async fn read_page(
-        &mut self,
-        limit: usize,
-        lock: bool,
-    ) -> Result<usize, StoreError> {
+    /// `limit`. With `lock` (nothing in hand, no store held), it reads them locked, and keeps
+    /// the transaction that holds them for the next Write when every row read went into the
+    /// queue.
+    pub(super) async fn read_page(&mut self, limit: usize, lock: bool) -> Result<Read, StoreError> {
         let hand = self.core.hand();
         self.full = self.core.full();
         let closed = self.core.closed(
@@ -85,10 +100,17 @@ impl Deliverer {
         let now = Instant::now();
         self.read_at = Some(now);
         self.left_out = self.core.lanes.held_stores(now);
+        // A store held: each other lane is read through an index of its own, so that the held
+        // stores' backlogs are not walked past (a read in id order would, at every read).
+        let how = match self.left_out.is_empty() {
+            true if lock => Claim::Locked,
+            true => Claim::InIdOrder,
+            false => Claim::ByLane,
+        };
         self.left_out.extend(self.full.iter().cloned());
         // Cleared on every way out, errors included: the rows looked at again later are not of
         // this read.
-        let read = self.claim_into_queue(&hand, &closed, limit, lock).await;
+        let read = self.claim_into_queue(&hand, &closed, limit, how).await;
         self.left_out.clear();
         read
     }
@@ -99,24 +121,27 @@ impl Deliverer {
         hand: &[i64],
         closed: &[&str],
         limit: usize,
-        lock: bool,
-    ) -> Result<usize, StoreError> {
+        how: Claim,
+    ) -> Result<Read, StoreError> {
         // A connection left inside a transaction by an error is closed, not pooled.
         let tx = WriteTx(Some(self.store.pool().get().await?));
         let conn = tx.conn();
-        let locked = match lock {
-            true => {
-                self.store
-                    .claim_locked(conn, hand, closed, limit as i64)
-                    .await?
-            }
-            false => None,
+        let limit = limit as i64;
+        let locked = match how {
+            Claim::Locked => self.store.claim_locked(conn, hand, closed, limit).await?,
+            Claim::InIdOrder | Claim::ByLane => None,
         };
         // A transaction is open, holding the rows read.
         let mut open = locked.is_some();
-        let rows = match locked {
-            Some(rows) => rows,
-            None => self.store.claim(conn, hand, closed, limit as i64).await?,
+        let rows = match (locked, how) {
+            (Some(rows), _) => rows,
+            (None, Claim::ByLane) => {
+                let configured = self.client.configured_store_id().unwrap_or_default();
+                self.store
+                    .claim_lanes(conn, hand, closed, limit, configured)
+                    .await?
+            }
+            (None, _) => self.store.claim(conn, hand, closed, limit).await?,
         };
         let n = rows.len();
         let (ids, stopped) = self.queue_rows(conn, rows, &mut open).await?;
@@ -129,7 +154,19 @@ impl Deliverer {
             tx.finish();
         }
         // Stopped at a row that must wait: the rest is read again when it is due.
-        Ok(if stopped { 0 } else { n })
+        if stopped {
+            return Ok(Read {
+                rows: 0,
+                more: false,
+            });
+        }
+        // Read by lane, a lane's share may have been less than it has pending: more is read
+        // while reads bring rows.
+        let more = match how {
+            Claim::ByLane => n > 0,
+            Claim::Locked | Claim::InIdOrder => n as i64 >= limit,
+        };
+        Ok(Read { rows: n, more })
     }
 
     /// Takes rows read into the queue, in id order: a payload that cannot be read is

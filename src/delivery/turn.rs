@@ -146,11 +146,11 @@ impl Deliverer {
         // This read is the poll's too, if one was due.
         turn.poll_at = None;
         match self.read_page(limit, lock).await {
-            Ok(n) => {
+            Ok(read::Read { rows: n, more }) => {
                 if std::mem::take(&mut turn.swept) {
                     self.core.report.swept += n as u64;
                 }
-                self.want_read = n >= limit;
+                self.want_read = more;
                 let now = Instant::now();
                 self.count_found(now, n);
                 self.last_read = (n > 0).then_some(now);

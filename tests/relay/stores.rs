@@ -6,7 +6,7 @@
 
 use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::metrics::scrape;
-use crate::common::pg::{PROMPTLY, count};
+use crate::common::pg::{PROMPTLY, PgOptions, TestDb, count};
 use crate::common::procs::{cpu_time, peak_kb};
 use crate::common::relay::{
     Env, RelayProc, accepted_writes, assert_success, deletes, insert_text, insert_with, poll_until,
@@ -344,6 +344,100 @@ async fn one_store_failing_holds_only_its_rows_and_the_others_keep_their_speed()
     for id in &held {
         env.wait_delivered(*id).await;
     }
+}
+
+/// A held store's backlog is not walked at each read: 50,000 pending rows of the configured
+/// store, whose every Write fails (500), sit at the head of the table; another store's rows,
+/// committed one at a time, are each delivered, and the relay's reads of pending rows touch on
+/// average fewer buffers than a walk past the backlog would (about a thousand: 50,000 rows at
+/// about 47 a page), counted by pg_stat_statements. Reading in id order, leaving the held
+/// store's rows out one by one, every read walked them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_stores_backlog_is_not_walked_at_each_read() {
+    const BACKLOG: i64 = 50_000;
+    let db = TestDb::start_with(PgOptions {
+        settings: vec![(
+            "shared_preload_libraries".into(),
+            "pg_stat_statements".into(),
+        )],
+        ..PgOptions::default()
+    });
+    let env = Env::with(db, Fga::start()).await;
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .unwrap();
+    let failing = env.fga.store_id().to_owned();
+    let b = env.fga.add_store();
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), usize::MAX).when_store(&failing));
+    admin
+        .execute(
+            "INSERT INTO fga_outbox (payload) \
+             SELECT jsonb_build_object('writes', jsonb_build_array(jsonb_build_object( \
+                 'user', 'user:h' || g, 'relation', 'viewer', 'object', 'document:held'))) \
+             FROM generate_series(1, $1::bigint) g",
+            &[&BACKLOG],
+        )
+        .await
+        .unwrap();
+    admin.batch_execute("ANALYZE fga_outbox").await.unwrap();
+    // Small reads and Writes: the failing store's own tries, when its hold ends, read and lock
+    // little.
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_BATCH_SIZE", "20"),
+        ("FGA_RELAY_MAX_TUPLES_PER_WRITE", "20"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(
+        Duration::from_secs(30),
+        "the relay tried the failing store",
+        || async { env.fga.write_count() > 0 },
+    )
+    .await;
+    admin
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await
+        .unwrap();
+    for n in 0..10 {
+        let row = writes(&[tk(&format!("user:b{n}"), "viewer", "document:b")]);
+        let id = env.insert(in_store(row, &b)).await;
+        env.wait_delivered(id).await;
+    }
+    let (calls, buffers): (i64, i64) = {
+        let r = admin
+            .query_one(
+                "SELECT coalesce(sum(calls), 0)::bigint, \
+                        coalesce(sum(shared_blks_hit + shared_blks_read), 0)::bigint \
+                 FROM pg_stat_statements \
+                 WHERE query LIKE '%unnest($1::bigint[])%' \
+                   AND query NOT LIKE '%pg_stat_statements%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(calls >= 10, "{calls} reads for 10 rows delivered");
+    let per_read = buffers / calls;
+    println!("{calls} reads, {per_read} buffers each on average");
+    assert!(
+        per_read < 200,
+        "the relay's reads touched {per_read} buffers each on average ({calls} reads): the held \
+         store's backlog was walked; relay log:\n{}",
+        relay.logs()
+    );
+    assert_eq!(
+        count(
+            &admin,
+            "SELECT count(*) FROM fga_outbox WHERE failed_at IS NOT NULL",
+            &[]
+        )
+        .await,
+        0,
+        "no row of the failing store was dead-lettered"
+    );
 }
 
 /// Deleted stores hold their own rows only: the configured store deleted while rows naming

@@ -1,0 +1,85 @@
+-- Reads the lowest pending rows of each lane (store) not left out, which the relay does not hold
+-- yet: the read while a store is held. $1: the ids it holds, $2: the stores it does not want now
+-- ('' stands for the rows naming none), as claim.sql matches them, $3: how many rows, $4: the
+-- configured store's id ('' while it is not known).
+--
+-- claim.sql walks the pending rows in id order and leaves a held store's rows out one by one, so
+-- that a held store's backlog at the head of the table would be walked past at every read. Here
+-- every lane is read from an index of its own, from its lowest pending id up, and a lane left
+-- out is not looked at: the rows naming none through fga_outbox_unnamed_idx, the rows naming a
+-- store through fga_outbox_store_idx (by store, then id). The stores with pending rows are found
+-- by a loose scan of fga_outbox_store_idx: one descent a store, not one a row.
+--
+-- The configured store's lane is the rows naming none, those naming its id, and (as claim.sql
+-- has them) those naming '': they are merged in id order before its share is taken, so that no
+-- row of the lane is read while a lower one of it is left unread. No cursor, as in claim.sql: a
+-- row committed late is found by the next read of its lane, before any later row of its lane.
+--
+-- Each lane gets an equal share of the rows asked for (at least 16), so that a read costs about
+-- the same however many stores have rows pending; the relay reads again while reads bring rows.
+-- Every lane is ordered as its index is, so that no plan walks the pending rows in id order
+-- instead. Nothing is locked, as in claim.sql.
+WITH RECURSIVE named(store) AS (
+    (SELECT payload->>'store_id' FROM fga_outbox
+     WHERE processed_at IS NULL AND failed_at IS NULL AND payload ? 'store_id'
+       AND payload->>'store_id' IS NOT NULL
+     ORDER BY payload->>'store_id'
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT payload->>'store_id' FROM fga_outbox
+            WHERE processed_at IS NULL AND failed_at IS NULL AND payload ? 'store_id'
+              AND payload->>'store_id' > named.store
+            ORDER BY payload->>'store_id'
+            LIMIT 1)
+    FROM named
+    WHERE named.store IS NOT NULL
+),
+open AS MATERIALIZED (
+    SELECT store FROM named
+    WHERE store IS NOT NULL AND store <> '' AND store <> $4
+      AND NOT (store = ANY ($2::text[]))
+),
+share AS MATERIALIZED (
+    SELECT greatest(16, ceil($3::bigint::float8 / greatest(1,
+               (SELECT count(*) FROM open) + CASE WHEN '' = ANY ($2::text[]) THEN 0 ELSE 1 END
+           )))::bigint AS rows
+),
+lanes AS (
+    (SELECT * FROM (
+        (SELECT id, payload, created_at, attempts, retried_at FROM fga_outbox
+         WHERE processed_at IS NULL AND failed_at IS NULL AND (payload->>'store_id') IS NULL
+           AND NOT (id IN (SELECT unnest($1::bigint[])))
+         ORDER BY id
+         LIMIT (SELECT rows FROM share))
+        UNION ALL
+        (SELECT id, payload, created_at, attempts, retried_at FROM fga_outbox
+         WHERE processed_at IS NULL AND failed_at IS NULL AND payload ? 'store_id'
+           AND payload->>'store_id' = $4
+           AND NOT (id IN (SELECT unnest($1::bigint[])))
+         ORDER BY id
+         LIMIT (SELECT rows FROM share))
+        UNION ALL
+        (SELECT id, payload, created_at, attempts, retried_at FROM fga_outbox
+         WHERE processed_at IS NULL AND failed_at IS NULL AND payload ? 'store_id'
+           AND payload->>'store_id' = ''
+           AND NOT (id IN (SELECT unnest($1::bigint[])))
+         ORDER BY id
+         LIMIT (SELECT rows FROM share))
+     ) configured
+     WHERE NOT ('' = ANY ($2::text[]))
+     ORDER BY id
+     LIMIT (SELECT rows FROM share))
+    UNION ALL
+    SELECT lane.* FROM open, LATERAL (
+        SELECT id, payload, created_at, attempts, retried_at FROM fga_outbox
+        WHERE processed_at IS NULL AND failed_at IS NULL AND payload ? 'store_id'
+          AND payload->>'store_id' = open.store
+          AND NOT (id IN (SELECT unnest($1::bigint[])))
+        ORDER BY payload->>'store_id', id
+        LIMIT (SELECT rows FROM share)) lane
+)
+SELECT id, payload::text, coalesce(created_at, clock_timestamp()), coalesce(attempts, 0),
+       retried_at
+FROM lanes
+ORDER BY id
+LIMIT $3
