@@ -18,6 +18,9 @@ pub(crate) enum TriggerKind {
     PlainNotify,
     /// A statement-level trigger whose function does nothing: what firing any trigger costs.
     Empty,
+    /// No trigger, and without `fga_outbox_unnamed_idx` (the pending rows naming no store): what
+    /// that index costs writers of such rows, against [`TriggerKind::None`].
+    NoneWithoutUnnamedIndex,
 }
 
 impl TriggerKind {
@@ -35,6 +38,7 @@ impl TriggerKind {
             TriggerKind::Relay => "relay's trigger",
             TriggerKind::PlainNotify => "plain NOTIFY trigger",
             TriggerKind::Empty => "empty trigger",
+            TriggerKind::NoneWithoutUnnamedIndex => "no trigger, no unnamed idx",
         }
     }
 }
@@ -79,8 +83,18 @@ impl Bench {
         match kind {
             TriggerKind::Relay => self.migrate()?,
             TriggerKind::None => {
+                // The index a run without it dropped comes back.
+                self.migrate()?;
                 self.admin
                     .batch_execute("DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox")
+                    .await?
+            }
+            TriggerKind::NoneWithoutUnnamedIndex => {
+                self.admin
+                    .batch_execute(
+                        "DROP TRIGGER IF EXISTS fga_outbox_notify ON fga_outbox; \
+                         DROP INDEX IF EXISTS fga_outbox_unnamed_idx",
+                    )
                     .await?
             }
             TriggerKind::PlainNotify => {
@@ -193,11 +207,12 @@ impl Bench {
             TriggerKind::None,
             TriggerKind::Relay,
             TriggerKind::PlainNotify,
+            TriggerKind::NoneWithoutUnnamedIndex,
         ];
         let mut runs: Vec<WriterRun> = Vec::new();
         println!(
             "pgbench -M prepared, one single-row INSERT per transaction, {} s a run, {} round(s) \
-             of the three configurations back to back; a relay runs throughout (sweep 100 ms, so \
+             of the four configurations back to back; a relay runs throughout (sweep 100 ms, so \
              that it delivers without a trigger too)",
             sizes.pgbench_seconds, sizes.pgbench_runs
         );

@@ -15,7 +15,7 @@
 -- row of the lane is read while a lower one of it is left unread. No cursor, as in claim.sql: a
 -- row committed late is found by the next read of its lane, before any later row of its lane.
 --
--- Each lane gets an equal share of the rows asked for (at least 16), so that a read costs about
+-- Each lane gets an equal share of the rows asked for (at least one), so that a read costs about
 -- the same however many stores have rows pending; the relay reads again while reads bring rows.
 -- Every lane is ordered as its index is, so that no plan walks the pending rows in id order
 -- instead. Nothing is locked, as in claim.sql.
@@ -40,7 +40,7 @@ open AS MATERIALIZED (
       AND NOT (store = ANY ($2::text[]))
 ),
 share AS MATERIALIZED (
-    SELECT greatest(16, ceil($3::bigint::float8 / greatest(1,
+    SELECT greatest(1, ceil($3::bigint::float8 / greatest(1,
                (SELECT count(*) FROM open) + CASE WHEN '' = ANY ($2::text[]) THEN 0 ELSE 1 END
            )))::bigint AS rows
 ),
