@@ -240,11 +240,12 @@ impl Store {
         Self::claimed(tx.query(&stmt, &[&held, &closed, &limit]).await?)
     }
 
-    /// Reads the lowest pending rows of each lane not in `closed` (as [`Store::claim`] matches
-    /// them) not among `held`, each lane through an index of its own, so that the rows of the
-    /// lanes left out are not walked past (claim_lanes.sql; nothing locked): at most `limit`,
-    /// shared among the lanes with rows pending. `configured`: the configured store's id (`""`
-    /// while it is not known), whose rows are in one lane with the rows naming none.
+    /// Reads the lowest pending rows of the lanes not in `closed` (as [`Store::claim`] matches
+    /// them) not among `held`, walking no further than a bound in id order, then each lane
+    /// through an index of its own, so that the rows of the lanes left out are not walked past
+    /// (claim_lanes.sql; nothing locked): at most `limit`, shared among the lanes with rows
+    /// pending. `configured`: the configured store's id, whose rows are in one lane with the
+    /// rows naming none.
     pub async fn claim_lanes(
         &self,
         tx: &impl GenericClient,

@@ -1,25 +1,47 @@
--- Reads the lowest pending rows of each lane (store) not left out, which the relay does not hold
--- yet: the read while a store is held. $1: the ids it holds, $2: the stores it does not want now
--- ('' stands for the rows naming none), as claim.sql matches them, $3: how many rows, $4: the
--- configured store's id ('' while it is not known).
+-- Reads the lowest pending rows not in hand of the lanes (stores) not left out: the read while a
+-- store is held. $1: the ids the relay holds, $2: the stores it does not want now ('' stands
+-- for the rows naming none), as claim.sql matches them, $3: how many rows, $4: the configured
+-- store's id (the relay reads this way only once it is known).
 --
--- claim.sql walks the pending rows in id order and leaves a held store's rows out one by one, so
--- that a held store's backlog at the head of the table would be walked past at every read. Here
--- every lane is read from an index of its own, from its lowest pending id up, and a lane left
--- out is not looked at: the rows naming none through fga_outbox_unnamed_idx, the rows naming a
--- store through fga_outbox_store_idx (by store, then id). The stores with pending rows are found
--- by a loose scan of fga_outbox_store_idx: one descent a store, not one a row.
+-- First, as claim.sql, the lowest pending rows in id order, but no more than twice a read's
+-- worth past the rows in hand: when that finds a read's worth of rows of lanes not left out, or
+-- reaches the last pending row, those rows are the read. Otherwise the rows of held stores fill
+-- the head of the table, and walking on past them, as claim.sql does, would cost every read the
+-- whole of a held store's backlog. Then every lane not left out is read from an index of its
+-- own instead, from its lowest pending id up, and a lane left out is not looked at: the rows
+-- naming none through fga_outbox_unnamed_idx, the rows naming a store through
+-- fga_outbox_store_idx (by store, then id). The stores with pending rows are found by a loose
+-- scan of fga_outbox_store_idx: one descent a store, not one a row. Either way a read costs
+-- what the settings bound, not what a held store has pending.
 --
 -- The configured store's lane is the rows naming none, those naming its id, and (as claim.sql
 -- has them) those naming '': they are merged in id order before its share is taken, so that no
 -- row of the lane is read while a lower one of it is left unread. No cursor, as in claim.sql: a
 -- row committed late is found by the next read of its lane, before any later row of its lane.
 --
--- Each lane gets an equal share of the rows asked for (at least one), so that a read costs about
--- the same however many stores have rows pending; the relay reads again while reads bring rows.
--- Every lane is ordered as its index is, so that no plan walks the pending rows in id order
--- instead. Nothing is locked, as in claim.sql.
-WITH RECURSIVE named(store) AS (
+-- Each lane gets an equal share of the rows asked for (at least one), so that a read by lane
+-- costs about the rows asked for and a descent for each store with rows pending; the relay
+-- reads again while reads bring rows. Every lane is read in its index's order, so that no plan
+-- walks the pending rows in id order instead. Nothing is locked, as in claim.sql.
+WITH RECURSIVE walk AS MATERIALIZED (
+    SELECT id, payload, created_at, attempts, retried_at FROM fga_outbox
+    WHERE processed_at IS NULL AND failed_at IS NULL
+    ORDER BY id
+    LIMIT 2 * $3::bigint + cardinality($1::bigint[])
+),
+found AS MATERIALIZED (
+    SELECT * FROM walk
+    WHERE NOT (id IN (SELECT unnest($1::bigint[])))
+      AND NOT (coalesce(payload->>'store_id', '') IN (SELECT unnest($2::text[])))
+    ORDER BY id
+    LIMIT $3
+),
+-- Whether the walk fell short: fewer rows found than asked for, and pending rows left past it.
+short AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM found) < $3
+           AND (SELECT count(*) FROM walk) = 2 * $3::bigint + cardinality($1::bigint[]) AS yes
+),
+named(store) AS (
     (SELECT payload->>'store_id' FROM fga_outbox
      WHERE processed_at IS NULL AND failed_at IS NULL AND payload ? 'store_id'
        AND payload->>'store_id' IS NOT NULL
@@ -54,7 +76,7 @@ lanes AS (
         UNION ALL
         (SELECT id, payload, created_at, attempts, retried_at FROM fga_outbox
          WHERE processed_at IS NULL AND failed_at IS NULL AND payload ? 'store_id'
-           AND payload->>'store_id' = $4
+           AND payload->>'store_id' = $4 AND $4 <> ''
            AND NOT (id IN (SELECT unnest($1::bigint[])))
          ORDER BY id
          LIMIT (SELECT rows FROM share))
@@ -80,6 +102,10 @@ lanes AS (
 )
 SELECT id, payload::text, coalesce(created_at, clock_timestamp()), coalesce(attempts, 0),
        retried_at
-FROM lanes
+FROM (
+    SELECT * FROM found WHERE NOT (SELECT yes FROM short)
+    UNION ALL
+    SELECT * FROM lanes WHERE (SELECT yes FROM short)
+) rows
 ORDER BY id
 LIMIT $3

@@ -451,20 +451,37 @@ impl World {
                 .closed(Some("store0"), &self.core.full(), now)
                 .into_iter()
                 .collect();
-            let readable: Vec<(String, i64)> = self
+            let pending: Vec<i64> = self
                 .rows
                 .iter()
                 .filter(|r| r.committed.is_some() && r.state == State::Pending)
-                .filter(|r| !hand.contains(&r.id))
-                .map(|r| {
+                .map(|r| r.id)
+                .collect();
+            let readable: Vec<(String, i64)> = pending
+                .iter()
+                .filter(|id| !hand.contains(id))
+                .map(|&id| {
+                    let r = &self.rows[(id - 1) as usize];
                     let key = store_of(r.store).map_or(String::new(), |s| s.to_string());
-                    (key, r.id)
+                    (key, id)
                 })
                 .filter(|(key, _)| !closed.contains(key))
                 .collect();
+            // In id order; while a store is held, no further than claim_lanes.sql walks, then
+            // by lane if that fell short.
+            let walk = 2 * BATCH + hand.len();
+            let walked: HashSet<i64> = pending.iter().take(walk).copied().collect();
+            let found: Vec<i64> = readable
+                .iter()
+                .map(|(_, id)| *id)
+                .filter(|id| walked.contains(id))
+                .take(BATCH)
+                .collect();
+            let short = found.len() < BATCH && pending.len() >= walk;
             let read = match self.core.lanes.held_stores(now).is_empty() {
                 true => readable.into_iter().take(BATCH).map(|(_, id)| id).collect(),
-                false => by_lane(readable),
+                false if short => by_lane(readable),
+                false => found,
             };
             for id in read {
                 self.admit(id);

@@ -57,7 +57,8 @@ enum Claim {
     Locked,
     /// In id order, nothing locked.
     InIdOrder,
-    /// Each lane not left out from its own index (a store held), nothing locked.
+    /// A store held: in id order no further than the settings bound, then, if that fell short,
+    /// each lane not left out from its own index; nothing locked.
     ByLane,
 }
 
@@ -100,12 +101,15 @@ impl Deliverer {
         let now = Instant::now();
         self.read_at = Some(now);
         self.left_out = self.core.lanes.held_stores(now);
-        // A store held: each other lane is read through an index of its own, so that the held
-        // stores' backlogs are not walked past (a read in id order would, at every read).
+        // A store held: a read walks no further than the settings bound, then reads each other
+        // lane through an index of its own, so that the held stores' backlogs are not walked
+        // past at every read. Only once the configured store's id is known: the rows naming it
+        // are in one lane with the rows naming none, read together in id order.
+        let configured = self.client.configured_store_id().is_some();
         let how = match self.left_out.is_empty() {
             true if lock => Claim::Locked,
-            true => Claim::InIdOrder,
-            false => Claim::ByLane,
+            false if configured => Claim::ByLane,
+            _ => Claim::InIdOrder,
         };
         self.left_out.extend(self.full.iter().cloned());
         // Cleared on every way out, errors included: the rows looked at again later are not of

@@ -421,7 +421,22 @@ async fn a_held_stores_backlog_is_not_walked_at_each_read() {
     };
     assert!(calls >= 10, "{calls} reads for 10 rows delivered");
     let per_read = buffers / calls;
-    println!("{calls} reads, {per_read} buffers each on average");
+    let lane = admin
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint, \
+                    coalesce(sum(shared_blks_hit + shared_blks_read), 0)::bigint \
+             FROM pg_stat_statements \
+             WHERE query LIKE '%WITH RECURSIVE walk%' AND query NOT LIKE '%pg_stat_statements%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (by_lane, lane_buffers): (i64, i64) = (lane.get(0), lane.get(1));
+    println!(
+        "{calls} reads, {per_read} buffers each on average; {by_lane} of them while the store \
+         was held, {} buffers each",
+        lane_buffers / by_lane.max(1)
+    );
     assert!(
         per_read < 200,
         "the relay's reads touched {per_read} buffers each on average ({calls} reads): the held \
@@ -437,6 +452,82 @@ async fn a_held_stores_backlog_is_not_walked_at_each_read() {
         .await,
         0,
         "no row of the failing store was dead-lettered"
+    );
+}
+
+/// While a store is held and its backlog fills the head of the table, the rows are read lane by
+/// lane, and the configured store's lane is one: its rows naming none and its rows naming its
+/// id, on one tuple, go in id order. Store B (failing, 500) has 1,000 rows at the head; after
+/// them, 30 rows on one tuple of the configured store alternate grant and revoke, every third
+/// naming the configured store's id, each behind 30 rows naming none on tuples of their own.
+/// OpenFGA applies the 30 in id order. Read as two lanes, each with its share of a read, the
+/// rows naming the id ran ahead of the rows naming none below them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_naming_the_configured_id_are_read_with_the_rows_naming_none_while_a_store_is_held() {
+    let env = Env::start().await;
+    let configured = env.fga.store_id().to_owned();
+    let b = env.fga.add_store();
+    env.fga
+        .push_fault(FaultRule::times(Fault::internal(), usize::MAX).when_store(&b));
+    let client = env.db.connect().await;
+    // More than the relay holds at most (eight reads and eight Writes of 20), so that reads in
+    // id order cannot reach past them before the store is held.
+    client
+        .execute(
+            "INSERT INTO fga_outbox (payload) \
+             SELECT jsonb_build_object('store_id', $1::text, 'writes', jsonb_build_array( \
+                 jsonb_build_object('user', 'user:b' || g, 'relation', 'viewer', \
+                                    'object', 'document:b'))) \
+             FROM generate_series(1, 1000) g",
+            &[&b],
+        )
+        .await
+        .unwrap();
+    // Row 31i + 30 is the i-th on the tuple: a grant for even i, a revoke for odd, naming the
+    // configured store's id for every third; the 30 before it name none, each a tuple of its own.
+    client
+        .execute(
+            "INSERT INTO fga_outbox (payload) \
+             SELECT CASE WHEN g % 31 < 30 THEN \
+                 jsonb_build_object('writes', jsonb_build_array(jsonb_build_object( \
+                     'user', 'user:f' || g, 'relation', 'viewer', 'object', 'document:f'))) \
+             ELSE \
+                 jsonb_build_object(CASE WHEN (g / 31) % 2 = 0 THEN 'writes' ELSE 'deletes' END, \
+                     jsonb_build_array(jsonb_build_object( \
+                         'user', 'user:t', 'relation', 'viewer', 'object', 'document:1'))) \
+                 || CASE WHEN (g / 31) % 3 = 2 THEN jsonb_build_object('store_id', $1::text) \
+                         ELSE '{}'::jsonb END \
+             END \
+             FROM generate_series(0, 30 * 31 - 1) g ORDER BY g",
+            &[&configured],
+        )
+        .await
+        .unwrap();
+    let expected: Vec<bool> = (0..30).map(|i| i % 2 == 0).collect();
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_BATCH_SIZE", "20"),
+        ("FGA_RELAY_MAX_TUPLES_PER_WRITE", "20"),
+    ]);
+    wait_until(
+        Duration::from_secs(60),
+        "the configured store's rows are delivered",
+        || async {
+            count(
+                &client,
+                "SELECT count(*) FROM fga_outbox WHERE processed_at IS NULL \
+                 AND coalesce(payload->>'store_id', '') <> $1",
+                &[&b],
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    assert_eq!(
+        applied_in(&env.fga, &configured, "user:t"),
+        expected,
+        "the configured store's tuple was not applied in id order; relay log:\n{}",
+        relay.logs()
     );
 }
 
