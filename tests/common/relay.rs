@@ -2,7 +2,7 @@
 //! daemon (`run`, killed or stopped like a real process) or as a one-shot command.
 
 use super::fga::Fga;
-use super::pg::TestDb;
+use super::pg::{PgOptions, TestDb};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -34,6 +34,25 @@ impl Env {
 
     pub async fn with_fga(fga: Fga) -> Env {
         Env::with(TestDb::start(), fga).await
+    }
+
+    /// [`Env::start`] with a database that counts the statements its sessions run
+    /// (pg_stat_statements loaded and created), and a client of the test's own on it.
+    pub async fn with_statement_stats() -> (Env, tokio_postgres::Client) {
+        let db = TestDb::start_with(PgOptions {
+            settings: vec![(
+                "shared_preload_libraries".into(),
+                "pg_stat_statements".into(),
+            )],
+            ..PgOptions::default()
+        });
+        let env = Env::with(db, Fga::start()).await;
+        let admin = env.db.connect().await;
+        admin
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .expect("create pg_stat_statements");
+        (env, admin)
     }
 
     /// This database, migrated, and this OpenFGA store.

@@ -741,19 +741,7 @@ async fn a_long_writer_transaction_does_not_make_the_relay_spin() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
-    let db = TestDb::start_with(PgOptions {
-        settings: vec![(
-            "shared_preload_libraries".into(),
-            "pg_stat_statements".into(),
-        )],
-        ..PgOptions::default()
-    });
-    let env = Env::with(db, Fga::start()).await;
-    let admin = env.db.connect().await;
-    admin
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-        .unwrap();
+    let (env, admin) = Env::with_statement_stats().await;
     // The writer inserts while the relay is busy (its Write is slow), so that the writer takes
     // the wake lock shared and skips NOTIFY, and keeps it while its transaction stays open. The
     // first row is there before the relay starts: its first pass, which runs without the wake

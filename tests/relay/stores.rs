@@ -6,7 +6,7 @@
 
 use crate::common::fga::{Fault, FaultRule, Fga};
 use crate::common::metrics::scrape;
-use crate::common::pg::{PROMPTLY, PgOptions, TestDb, count};
+use crate::common::pg::{PROMPTLY, count};
 use crate::common::procs::{cpu_time, peak_kb};
 use crate::common::relay::{
     Env, RelayProc, accepted_writes, assert_success, deletes, insert_text, insert_with, poll_until,
@@ -355,19 +355,7 @@ async fn one_store_failing_holds_only_its_rows_and_the_others_keep_their_speed()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_stores_backlog_is_not_walked_at_each_read() {
     const BACKLOG: i64 = 50_000;
-    let db = TestDb::start_with(PgOptions {
-        settings: vec![(
-            "shared_preload_libraries".into(),
-            "pg_stat_statements".into(),
-        )],
-        ..PgOptions::default()
-    });
-    let env = Env::with(db, Fga::start()).await;
-    let admin = env.db.connect().await;
-    admin
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-        .unwrap();
+    let (env, admin) = Env::with_statement_stats().await;
     let failing = env.fga.store_id().to_owned();
     let b = env.fga.add_store();
     env.fga
