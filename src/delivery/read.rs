@@ -51,15 +51,15 @@ pub(super) struct Read {
 }
 
 /// How a read finds its rows.
-#[derive(Clone, Copy)]
 enum Claim {
     /// In id order, locked in a transaction kept for the next Write (nothing in hand).
     Locked,
     /// In id order, nothing locked.
     InIdOrder,
     /// A store held: in id order no further than the settings bound, then, if that fell short,
-    /// each lane not left out from its own index; nothing locked.
-    ByLane,
+    /// each lane not left out from its own index; nothing locked. With the configured store's
+    /// id, whose rows are in one lane with the rows naming none.
+    ByLane(String),
 }
 
 /// Why a row read cannot be queued yet.
@@ -105,10 +105,10 @@ impl Deliverer {
         // lane through an index of its own, so that the held stores' backlogs are not walked
         // past at every read. Only once the configured store's id is known: the rows naming it
         // are in one lane with the rows naming none, read together in id order.
-        let configured = self.client.configured_store_id().is_some();
-        let how = match self.left_out.is_empty() {
-            true if lock => Claim::Locked,
-            false if configured => Claim::ByLane,
+        let configured = self.client.configured_store_id();
+        let how = match (self.left_out.is_empty(), configured) {
+            (true, _) if lock => Claim::Locked,
+            (false, Some(id)) => Claim::ByLane(id.to_owned()),
             _ => Claim::InIdOrder,
         };
         self.left_out.extend(self.full.iter().cloned());
@@ -131,16 +131,15 @@ impl Deliverer {
         let tx = WriteTx(Some(self.store.pool().get().await?));
         let conn = tx.conn();
         let limit = limit as i64;
-        let locked = match how {
+        let locked = match &how {
             Claim::Locked => self.store.claim_locked(conn, hand, closed, limit).await?,
-            Claim::InIdOrder | Claim::ByLane => None,
+            Claim::InIdOrder | Claim::ByLane(_) => None,
         };
         // A transaction is open, holding the rows read.
         let mut open = locked.is_some();
-        let rows = match (locked, how) {
+        let rows = match (locked, &how) {
             (Some(rows), _) => rows,
-            (None, Claim::ByLane) => {
-                let configured = self.client.configured_store_id().unwrap_or_default();
+            (None, Claim::ByLane(configured)) => {
                 self.store
                     .claim_lanes(conn, hand, closed, limit, configured)
                     .await?
@@ -167,7 +166,7 @@ impl Deliverer {
         // Read by lane, a lane's share may have been less than it has pending: more is read
         // while reads bring rows.
         let more = match how {
-            Claim::ByLane => n > 0,
+            Claim::ByLane(_) => n > 0,
             Claim::Locked | Claim::InIdOrder => n as i64 >= limit,
         };
         Ok(Read { rows: n, more })
