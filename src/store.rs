@@ -7,6 +7,12 @@ use deadpool_postgres::{GenericClient, Pool};
 use std::time::SystemTime;
 use tokio_postgres::Statement;
 
+/// How long a Write's mark waits for a row another session holds before the Write locks its
+/// rows the way that skips such a row (see [`Store::begin_and_mark`]). Rows are held by another
+/// session only by an operator's transaction or a relay that lost leadership: a wait this short
+/// costs a Write little, and a row found held goes the skipping way from then on.
+pub const MARK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// What became of a note on a pending row ([`Store::record_skipped`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Noted {
@@ -132,6 +138,8 @@ struct Queries {
     claim_below: String,
     refresh: String,
     lock: String,
+    lock_by_marking: String,
+    unmark: String,
     mark_delivered: String,
     mark_finished: String,
     record_failure: String,
@@ -173,6 +181,8 @@ impl Store {
             claim_below: r(include_str!("../sql/queries/claim_below.sql")),
             refresh: r(include_str!("../sql/queries/refresh.sql")),
             lock: r(include_str!("../sql/queries/lock.sql")),
+            lock_by_marking: r(include_str!("../sql/queries/lock_by_marking.sql")),
+            unmark: r(include_str!("../sql/queries/unmark.sql")),
             mark_delivered: r(include_str!("../sql/queries/mark_delivered.sql")),
             mark_finished: r(include_str!("../sql/queries/mark_finished.sql")),
             record_failure: r(include_str!("../sql/queries/record_failure.sql")),
@@ -209,13 +219,53 @@ impl Store {
         &self.table
     }
 
-    /// The statement that locks a Write's rows, prepared on `client` (once per connection): a
-    /// row another session holds is skipped, not waited for; returns the ids locked.
-    pub async fn lock_statement(
+    /// Opens a Write's transaction on `conn` and locks its rows `ids` in it (lock.sql), in one
+    /// round trip: a row another session holds is skipped, not waited for. Returns the ids
+    /// locked, with their payloads as locked.
+    pub async fn begin_and_lock(
+        &self,
+        conn: &deadpool_postgres::Client,
+        ids: &[i64],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let stmt = conn.prepare_cached(&self.q.lock).await?;
+        Self::begin_and_query(conn, &stmt, &[&ids]).await
+    }
+
+    /// Opens a Write's transaction on `conn` and marks its rows `ids` delivered in it
+    /// (lock_by_marking.sql), in one round trip: the mark is the Write's lock, committed only
+    /// once OpenFGA accepts the Write. An UPDATE cannot skip a row another session holds, so it
+    /// waits for one no longer than [`MARK_LOCK_WAIT`]: `None` then, the transaction rolled
+    /// back. Otherwise the ids marked, with their payloads as marked.
+    pub async fn begin_and_mark(
+        &self,
+        conn: &deadpool_postgres::Client,
+        ids: &[i64],
+    ) -> Result<Option<Vec<tokio_postgres::Row>>, tokio_postgres::Error> {
+        let stmt = conn.prepare_cached(&self.q.lock_by_marking).await?;
+        let begin = format!(
+            "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+            MARK_LOCK_WAIT.as_millis()
+        );
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+        let (begun, rows) = tokio::join!(conn.batch_execute(&begin), conn.query(&stmt, &params));
+        begun?;
+        match rows {
+            Ok(rows) => Ok(Some(rows)),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                conn.batch_execute("ROLLBACK").await?;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The statement that takes back the mark of rows marked as their Write left
+    /// (unmark.sql), prepared on `client` (once per connection).
+    pub async fn unmark_statement(
         &self,
         client: &deadpool_postgres::Client,
     ) -> Result<Statement, tokio_postgres::Error> {
-        client.prepare_cached(&self.q.lock).await
+        client.prepare_cached(&self.q.unmark).await
     }
 
     /// The statement that marks a Write's rows delivered, prepared on `client` (once per

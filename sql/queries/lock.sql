@@ -4,6 +4,8 @@
 -- dead-lettered meanwhile. Rows are planned from pages read without locks (claim.sql): the relay
 -- sends a row only if its payload here is the one it planned with, so that a Write carries what
 -- its lock saw; a row changed meanwhile is passed over as held, and read again by the next pass.
+-- A Write of fresh rows it completes locks them by marking them instead (lock_by_marking.sql);
+-- this lock is for the others, and for a Write whose mark found a row another session holds.
 --
 -- Before it locks a row, the transaction also takes the advisory lock (1718051123, <its own
 -- 32-bit transaction id, shifted into an integer>), which `fga_outbox_wait` queues for when it

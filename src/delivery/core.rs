@@ -70,6 +70,12 @@ pub(super) struct Flight {
     pub(super) keys: Vec<u64>,
     /// Rows all of whose operations it applies: marked delivered in its transaction.
     pub(super) complete: Vec<i64>,
+    /// Whether its transaction locks its rows by marking them delivered, one statement a row
+    /// instead of a lock and then a mark: when it completes every row, none of which the relay
+    /// remembers anything of (found held by another session, failed, sent in parts), so that
+    /// a row another session holds (which the mark waits for a moment, then gives up on) is
+    /// met this way once at most, and an answer that finishes some rows is rare.
+    pub(super) by_marking: bool,
     /// Its store's `Retry-After` gate.
     pub(super) gate: Gate,
 }
@@ -289,7 +295,12 @@ impl Core {
                 self.memo.get(&c.id).map_or(0, |m| m.done.len()) + idx.len() >= c.ops.len()
             })
             .map(|(c, _)| c.id)
-            .collect();
+            .collect::<Vec<i64>>();
+        let by_marking = complete.len() == plan.rows.len()
+            && plan
+                .rows
+                .iter()
+                .all(|(c, _)| !self.memo.contains_key(&c.id));
         for h in &keys {
             *self.in_flight.entry(*h).or_default() += 1;
         }
@@ -305,6 +316,7 @@ impl Core {
             plan,
             keys,
             complete,
+            by_marking,
             gate,
         }
     }

@@ -128,7 +128,7 @@ impl Deliverer {
         how: Claim,
     ) -> Result<Read, StoreError> {
         // A connection left inside a transaction by an error is closed, not pooled.
-        let tx = WriteTx(Some(self.store.pool().get().await?));
+        let tx = WriteTx::new(self.store.pool().get().await?);
         let conn = tx.conn();
         let limit = limit as i64;
         let locked = match &how {

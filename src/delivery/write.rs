@@ -6,8 +6,11 @@
 //! locks; each Write runs in a transaction of its own that locks its rows (`FOR UPDATE SKIP
 //! LOCKED`: a row another session holds is not sent, and keeps its tuples; so does a row whose
 //! payload the lock finds changed since it was read), sends the Write, and marks the rows
-//! delivered when OpenFGA accepts it. The exception is rows read with nothing in hand, read
-//! already locked: when they are exactly the next Write, that Write goes in the transaction that
+//! delivered when OpenFGA accepts it. A Write that completes rows the relay knows nothing of
+//! yet locks them by marking them delivered before it leaves (see [`Flight::lock`]): one
+//! change to each row instead of a lock and then a mark, committed only once OpenFGA accepts
+//! the Write and rolled back otherwise. Rows read with nothing in hand are read already locked:
+//! when they are exactly the next Write, that Write goes in the transaction that
 //! read them (see [`Spare`]). So rows are marked as their Writes are answered, no transaction
 //! spans more than one Write, and a crash sends again at most what was in flight. The window
 //! adapts as TCP's does: halved by a 429, a 5xx or a timeout, grown by one Write per window of
@@ -86,16 +89,25 @@ impl Flight {
         (self, answer)
     }
 
-    /// Opens the Write's transaction and locks its rows, or says why the Write does not go.
+    /// Opens the Write's transaction and locks its rows, or says why the Write does not go. A
+    /// Write of rows it all completes, none of them with a history in the relay, locks them by
+    /// marking them delivered (see [`Flight::by_marking`]): one statement a row instead of two.
     pub(super) async fn lock(&self, crew: &Crew) -> Result<Result<WriteTx, Answer>, StoreError> {
-        let tx = WriteTx(Some(crew.store.pool().get().await?));
-        let conn = tx.conn();
-        let lock = crew.store.lock_statement(conn).await?;
+        let mut tx = WriteTx::new(crew.store.pool().get().await?);
         let ids = self.plan.ids();
         // BEGIN and the lock in one round trip, as are the mark and COMMIT in `send`: one Write
         // at a time then costs no more round trips than a page claimed at once did.
-        let got: HashMap<i64, String> = Store::begin_and_query(conn, &lock, &[&ids])
-            .await?
+        let marked = match self.by_marking {
+            true => crew.store.begin_and_mark(tx.conn(), &ids).await?,
+            false => None,
+        };
+        tx.marked = marked.is_some();
+        let rows = match marked {
+            Some(rows) => rows,
+            // A row another session holds: skipped, as for any Write.
+            None => crew.store.begin_and_lock(tx.conn(), &ids).await?,
+        };
+        let got: HashMap<i64, String> = rows
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<_, tokio_postgres::Error>>()?;
@@ -250,7 +262,7 @@ impl Flight {
         tx: WriteTx,
         result: &Result<(), WriteError>,
     ) -> Result<(), StoreError> {
-        let finished = match result {
+        let finished: Vec<i64> = match result {
             Ok(()) => self.complete.clone(),
             Err(e) => self.finished_by(e).into_iter().collect(),
         };
@@ -260,11 +272,28 @@ impl Flight {
         }
         // A failed UPDATE turns the COMMIT into a rollback; the rows are sent again.
         let conn = tx.conn();
-        let mark = store.mark_statement(conn).await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&finished];
-        let (marked, committed) =
-            tokio::join!(conn.execute(&mark, &params), conn.batch_execute("COMMIT"));
-        marked?;
+        let (stmt, ids) = if tx.marked {
+            // Every row was marked as the Write left: the mark of those it did not finish is
+            // taken back (an older OpenFGA's "already exists" finishes one row of a Write).
+            let unfinished: Vec<i64> = self
+                .plan
+                .ids()
+                .into_iter()
+                .filter(|id| !finished.contains(id))
+                .collect();
+            if unfinished.is_empty() {
+                conn.batch_execute("COMMIT").await?;
+                tx.finish();
+                return Ok(());
+            }
+            (store.unmark_statement(conn).await?, unfinished)
+        } else {
+            (store.mark_statement(conn).await?, finished)
+        };
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+        let (updated, committed) =
+            tokio::join!(conn.execute(&stmt, &params), conn.batch_execute("COMMIT"));
+        updated?;
         committed?;
         tx.finish();
         Ok(())
@@ -346,16 +375,27 @@ pub(super) struct Crew {
 /// (committed or rolled back), it is closed rather than given back to the pool, so that no
 /// connection ever goes back to the pool inside a transaction (a Write cut short by an error or
 /// a cancelled task).
-pub(super) struct WriteTx(pub(super) Option<deadpool_postgres::Client>);
+pub(super) struct WriteTx {
+    conn: Option<deadpool_postgres::Client>,
+    /// Its rows locked by marking them delivered (lock_by_marking.sql): committed, they are.
+    marked: bool,
+}
 
 impl WriteTx {
+    pub(super) fn new(conn: deadpool_postgres::Client) -> WriteTx {
+        WriteTx {
+            conn: Some(conn),
+            marked: false,
+        }
+    }
+
     pub(super) fn conn(&self) -> &deadpool_postgres::Client {
-        self.0.as_ref().expect("taken only by finish and drop")
+        self.conn.as_ref().expect("taken only by finish and drop")
     }
 
     pub(super) fn finish(mut self) {
         // Back to the pool, the transaction over.
-        drop(self.0.take());
+        drop(self.conn.take());
     }
 
     /// Rolls the transaction back and gives the connection back to the pool.
@@ -368,7 +408,7 @@ impl WriteTx {
 
 impl Drop for WriteTx {
     fn drop(&mut self) {
-        if let Some(conn) = self.0.take() {
+        if let Some(conn) = self.conn.take() {
             drop(deadpool_postgres::Client::take(conn));
         }
     }
