@@ -7,10 +7,11 @@ use deadpool_postgres::{GenericClient, Pool};
 use std::time::SystemTime;
 use tokio_postgres::Statement;
 
-/// How long a Write's mark waits for a row another session holds before the Write locks its
-/// rows the way that skips such a row (see [`Store::begin_and_mark`]). Rows are held by another
-/// session only by an operator's transaction or a relay that lost leadership: a wait this short
-/// costs a Write little, and a row found held goes the skipping way from then on.
+/// How long a Write's mark waits for a row another session holds, or for the table behind a lock
+/// queued for it (`reconcile --repair`, an index build), before the Write locks its rows the
+/// way that skips a held row (see [`Store::begin_and_mark`]). Rows are held by another session
+/// only by an operator's transaction or a relay that lost leadership: a wait this short costs a
+/// Write little, and after one the relay marks no Write this way for a while.
 pub const MARK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// What became of a note on a pending row ([`Store::record_skipped`]).
@@ -234,8 +235,9 @@ impl Store {
     /// Opens a Write's transaction on `conn` and marks its rows `ids` delivered in it
     /// (lock_by_marking.sql), in one round trip: the mark is the Write's lock, committed only
     /// once OpenFGA accepts the Write. An UPDATE cannot skip a row another session holds, so it
-    /// waits for one no longer than [`MARK_LOCK_WAIT`]: `None` then, the transaction rolled
-    /// back. Otherwise the ids marked, with their payloads as marked.
+    /// waits for one (or for a table lock queued ahead of it) no longer than [`MARK_LOCK_WAIT`]:
+    /// `None` then, the transaction rolled back. Otherwise the ids marked, with their payloads
+    /// as marked.
     pub async fn begin_and_mark(
         &self,
         conn: &deadpool_postgres::Client,
@@ -243,7 +245,7 @@ impl Store {
     ) -> Result<Option<Vec<tokio_postgres::Row>>, tokio_postgres::Error> {
         let stmt = conn.prepare_cached(&self.q.lock_by_marking).await?;
         let begin = format!(
-            "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+            "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL fga_relay.marking = on",
             MARK_LOCK_WAIT.as_millis()
         );
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];

@@ -13,10 +13,11 @@
 --
 -- How it waits. Each look is one statement, so under READ COMMITTED it sees every commit made
 -- before it. Between looks:
--- - While a listed row is locked by a running transaction (the relay claims rows FOR UPDATE for
---   the time of their Write and marks them in the same transaction), it queues, shared, for the
---   advisory lock (1718051123, <that transaction's id>) which the relay's Write transaction
---   takes before it locks a row (sql/queries/lock.sql), so it wakes the moment the relay
+-- - While a listed row is locked by a running transaction (the relay locks rows for the time of
+--   their Write, FOR UPDATE or by marking them, and marks them in the same transaction), it
+--   queues, shared, for the advisory lock (1718051123, <that transaction's id>) which the
+--   relay's Write transaction takes before it locks a row (sql/queries/lock.sql,
+--   lock_by_marking.sql), so it wakes the moment the relay
 --   commits, and looks again at once. If the rows are then held by other transactions (the
 --   relay's next Write of them), it queues again; if by the same ones, they take no such lock
 --   (not the relay's Writes): it naps as below. The lock it gets is dropped at once by rolling

@@ -70,11 +70,13 @@ pub(super) struct Flight {
     pub(super) keys: Vec<u64>,
     /// Rows all of whose operations it applies: marked delivered in its transaction.
     pub(super) complete: Vec<i64>,
-    /// Whether its transaction locks its rows by marking them delivered, one statement a row
+    /// Whether its transaction locks its rows by marking them delivered, one change to each row
     /// instead of a lock and then a mark: when it completes every row, none of which the relay
-    /// remembers anything of (found held by another session, failed, sent in parts), so that
-    /// a row another session holds (which the mark waits for a moment, then gives up on) is
-    /// met this way once at most, and an answer that finishes some rows is rare.
+    /// remembers anything of (found held by another session, failed, sent in parts), and its
+    /// store's last Write did not fail. So a row another session holds (which the mark waits
+    /// for a moment, then gives up on) is met this way once, an answer that finishes only some
+    /// rows is rare, and a failing store's tries leave no dead row versions behind (a mark
+    /// rolled back does, a lock does not).
     pub(super) by_marking: bool,
     /// Its store's `Retry-After` gate.
     pub(super) gate: Gate,
@@ -300,7 +302,8 @@ impl Core {
             && plan
                 .rows
                 .iter()
-                .all(|(c, _)| !self.memo.contains_key(&c.id));
+                .all(|(c, _)| !self.memo.contains_key(&c.id))
+            && self.lanes.working(&plan.target);
         for h in &keys {
             *self.in_flight.entry(*h).or_default() += 1;
         }

@@ -61,6 +61,7 @@ impl<'a> Turn<'a> {
                 progress: d.progress.clone(),
                 ask,
                 window: controls.window.clone(),
+                no_marking: Default::default(),
             },
             asked,
             flights: Flights::new(),

@@ -11,7 +11,8 @@
 //! change to each row instead of a lock and then a mark, committed only once OpenFGA accepts
 //! the Write and rolled back otherwise. Rows read with nothing in hand are read already locked:
 //! when they are exactly the next Write, that Write goes in the transaction that
-//! read them (see [`Spare`]). So rows are marked as their Writes are answered, no transaction
+//! read them (see [`Spare`]). So rows are marked delivered, for every other session, as their
+//! Writes are answered, no transaction
 //! spans more than one Write, and a crash sends again at most what was in flight. The window
 //! adapts as TCP's does: halved by a 429, a 5xx or a timeout, grown by one Write per window of
 //! successes, up to `--max-in-flight`. A `Retry-After` closes its store's gate, which every
@@ -97,10 +98,16 @@ impl Flight {
         let ids = self.plan.ids();
         // BEGIN and the lock in one round trip, as are the mark and COMMIT in `send`: one Write
         // at a time then costs no more round trips than a page claimed at once did.
-        let marked = match self.by_marking {
+        let marked = match self.by_marking && !crew.no_marking.is_closed() {
             true => crew.store.begin_and_mark(tx.conn(), &ids).await?,
             false => None,
         };
+        if self.by_marking && marked.is_none() {
+            // A row held, or a table lock queued (a repair, an index build): the next Writes
+            // lock the skipping way for a while rather than each waiting in turn.
+            crew.no_marking
+                .close_until(Instant::now() + NO_MARKING_AFTER_A_WAIT);
+        }
         tx.marked = marked.is_some();
         let rows = match marked {
             Some(rows) => rows,
@@ -255,7 +262,8 @@ impl Flight {
     /// success, the rows whose every operation it applied; on an older OpenFGA's "already
     /// exists"/"does not exist", the row whose last operation it was. Marked here, under the
     /// Write's lock and before anything releases their tuples: a row finished without a mark of
-    /// its own would be sent again, after later rows on them.
+    /// its own would be sent again, after later rows on them. Rows locked by marking them are
+    /// marked already: the mark of those `result` does not finish is taken back instead.
     async fn mark_answered(
         &self,
         store: &Store,
@@ -369,7 +377,14 @@ pub(super) struct Crew {
     pub(super) progress: Arc<Stamp>,
     pub(super) ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     pub(super) window: SendWindow,
+    /// Closed for a while after a Write's mark waited in vain (see [`Flight::lock`]): no Write
+    /// locks its rows by marking them meanwhile.
+    pub(super) no_marking: Gate,
 }
+
+/// How long no Write locks its rows by marking them after one's mark waited in vain: a table
+/// lock queued (a repair, an index build) is usually granted and done well within it.
+const NO_MARKING_AFTER_A_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A pooled connection with a Write's transaction open on it. Unless [`WriteTx::finish`]ed
 /// (committed or rolled back), it is closed rather than given back to the pool, so that no

@@ -587,3 +587,29 @@ async fn a_writes_rows_are_locked_by_their_mark() {
         relay.logs()
     );
 }
+
+/// The statement that locks a Write's rows by marking them marks nothing when it runs outside
+/// the transaction the relay begins for it (should that BEGIN fail while the statement, sent in
+/// the same round trip, still runs): on its own it would commit the marks at once, before the
+/// Write left. Inside it, it marks the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mark_that_locks_a_write_marks_nothing_outside_its_transaction() {
+    let env = Env::start().await;
+    let id = env
+        .insert(writes(&[tk("user:alone", "viewer", "document:alone")]))
+        .await;
+    let client = env.db.connect().await;
+    let mark = include_str!("../../sql/queries/lock_by_marking.sql");
+    let ids = vec![id];
+    let alone = client.query(mark, &[&ids]).await.unwrap();
+    assert!(alone.is_empty(), "marked outside a transaction: {alone:?}");
+    let row = env.row(id).await;
+    assert!(!row.delivered, "{row:?}");
+    client
+        .batch_execute("BEGIN; SET LOCAL fga_relay.marking = on")
+        .await
+        .unwrap();
+    let inside = client.query(mark, &[&ids]).await.unwrap();
+    assert_eq!(inside.len(), 1, "the row is marked in the relay's transaction");
+    client.batch_execute("ROLLBACK").await.unwrap();
+}
