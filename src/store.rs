@@ -8,11 +8,15 @@ use std::time::SystemTime;
 use tokio_postgres::Statement;
 
 /// How long a Write's mark waits for a row another session holds, or for the table behind a lock
-/// queued for it (`reconcile --repair`, an index build), before the Write locks its rows the
-/// way that skips a held row (see [`Store::begin_and_mark`]). Rows are held by another session
-/// only by an operator's transaction or a relay that lost leadership: a wait this short costs a
-/// Write little, and after one the relay marks no Write this way for a while.
-pub const MARK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+/// queued for it, before the Write locks its rows the way that skips a held row (see
+/// [`Store::begin_and_mark`]). Rows are held by another session only by an operator's
+/// transaction or a relay that lost leadership, and after one such wait the relay marks no
+/// Write this way for a while. Brief table locks should come and go within it (autovacuum
+/// cutting empty pages off the table's end holds it up to about 20 ms before giving way to
+/// waiters, and a lock `FOR UPDATE` waits for it too; `reconcile --repair` holds its lock for
+/// its insert): at 5 ms, some of the benchmark's burn-downs saw 7 to 11 of their 400 Writes
+/// give up at once, which looked like such a lock.
+pub const MARK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What became of a note on a pending row ([`Store::record_skipped`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -610,6 +610,10 @@ async fn the_mark_that_locks_a_write_marks_nothing_outside_its_transaction() {
         .await
         .unwrap();
     let inside = client.query(mark, &[&ids]).await.unwrap();
-    assert_eq!(inside.len(), 1, "the row is marked in the relay's transaction");
+    assert_eq!(
+        inside.len(),
+        1,
+        "the row is marked in the relay's transaction"
+    );
     client.batch_execute("ROLLBACK").await.unwrap();
 }
