@@ -12,10 +12,10 @@ use tokio_postgres::Statement;
 /// [`Store::begin_and_mark`]). Rows are held by another session only by an operator's
 /// transaction or a relay that lost leadership, and after one such wait the relay marks no
 /// Write this way for a while. Brief table locks should come and go within it (autovacuum
-/// cutting empty pages off the table's end holds it up to about 20 ms before giving way to
-/// waiters, and a lock `FOR UPDATE` waits for it too; `reconcile --repair` holds its lock for
-/// its insert): at 5 ms, some of the benchmark's burn-downs saw 7 to 11 of their 400 Writes
-/// give up at once, which looked like such a lock.
+/// cutting empty pages off the table's end looks for waiters every 20 ms and then gives way,
+/// and a lock `FOR UPDATE` waits for it too; `reconcile --repair` holds its lock for its
+/// insert): at 5 ms, some of the benchmark's burn-downs saw 7 to 11 of their 400 Writes give up
+/// at once, which looked like such a lock (not confirmed).
 pub const MARK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What became of a note on a pending row ([`Store::record_skipped`]).

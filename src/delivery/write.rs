@@ -98,11 +98,12 @@ impl Flight {
         let ids = self.plan.ids();
         // BEGIN and the lock in one round trip, as are the mark and COMMIT in `send`: one Write
         // at a time then costs no more round trips than a page claimed at once did.
-        let marked = match self.by_marking && !crew.no_marking.is_closed() {
+        let tried = self.by_marking && !crew.no_marking.is_closed();
+        let marked = match tried {
             true => crew.store.begin_and_mark(tx.conn(), &ids).await?,
             false => None,
         };
-        if self.by_marking && marked.is_none() {
+        if tried && marked.is_none() {
             // A row held, or a table lock queued (a repair, an index build): the next Writes
             // lock the skipping way for a while rather than each waiting in turn.
             crew.no_marking
@@ -378,7 +379,7 @@ pub(super) struct Crew {
     pub(super) ask: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     pub(super) window: SendWindow,
     /// Closed for a while after a Write's mark waited in vain (see [`Flight::lock`]): no Write
-    /// locks its rows by marking them meanwhile.
+    /// of this stream locks its rows by marking them meanwhile.
     pub(super) no_marking: Gate,
 }
 

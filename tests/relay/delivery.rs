@@ -591,7 +591,7 @@ async fn a_writes_rows_are_locked_by_their_mark() {
 /// The statement that locks a Write's rows by marking them marks nothing when it runs outside
 /// the transaction the relay begins for it (should that BEGIN fail while the statement, sent in
 /// the same round trip, still runs): on its own it would commit the marks at once, before the
-/// Write left. Inside it, it marks the row.
+/// Write left. Inside it, it marks the row; on the same session afterwards, it does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mark_that_locks_a_write_marks_nothing_outside_its_transaction() {
     let env = Env::start().await;
@@ -616,4 +616,94 @@ async fn the_mark_that_locks_a_write_marks_nothing_outside_its_transaction() {
         "the row is marked in the relay's transaction"
     );
     client.batch_execute("ROLLBACK").await.unwrap();
+    // The same session after that transaction, as a pooled connection is: the setting is
+    // defined now, and empty.
+    let after = client.query(mark, &[&ids]).await.unwrap();
+    assert!(after.is_empty(), "marked after the transaction: {after:?}");
+    assert!(!env.row(id).await.delivered);
+}
+
+/// After a Write's mark waited in vain for a row another session holds, the Writes lock their
+/// rows the skipping way for a second, then mark them again, however busy the stream is: rows
+/// keep coming (60 rows of two tuples every 20 ms, more than one Write, so that every Write
+/// locks its own rows), the held row is let go, and a Write marks its rows again within a few
+/// seconds. When each Write of that second put the second off again, none ever did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_mark_their_rows_again_a_second_after_a_mark_waited_in_vain() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (env, admin) = Env::with_statement_stats().await;
+    let held = env
+        .insert(writes(&[tk("user:held", "viewer", "document:held")]))
+        .await;
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE",
+            &[&held],
+        )
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, db) = (stop.clone(), env.db.connect().await);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            let mut n = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                db.execute(
+                    "INSERT INTO fga_outbox (payload) \
+                     SELECT jsonb_build_object('writes', jsonb_build_array( \
+                         jsonb_build_object('user', 'user:r' || g, 'relation', 'viewer', \
+                                            'object', 'document:r'), \
+                         jsonb_build_object('user', 'user:r' || g, 'relation', 'editor', \
+                                            'object', 'document:r'))) \
+                     FROM generate_series($1::bigint, $1::bigint + 59) g",
+                    &[&n],
+                )
+                .await
+                .unwrap();
+                n += 60;
+            }
+        })
+    };
+    let _relay = env.start_relay().await;
+    let statement_rows = |pattern: &'static str| {
+        let admin = &admin;
+        async move {
+            count(
+                admin,
+                "SELECT coalesce(sum(rows), 0)::bigint FROM pg_stat_statements \
+                 WHERE query LIKE $1 AND query NOT LIKE '%pg_stat_statements%'",
+                &[&pattern],
+            )
+            .await
+        }
+    };
+    const LOCK: &str = "%SELECT id, payload::text FROM fga_outbox%FOR UPDATE SKIP LOCKED%";
+    const MARK: &str = "%SET processed_at = clock_timestamp()%RETURNING id, payload::text%";
+    wait_until(
+        PROMPTLY,
+        "a Write locked its rows the skipping way after its mark waited in vain",
+        || async { statement_rows(LOCK).await > 0 },
+    )
+    .await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    admin
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(15),
+        "a Write marked its rows again while rows kept coming",
+        || async { statement_rows(MARK).await > 0 },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    env.wait_drained().await;
+    assert_eq!(env.dead().await, 0);
+    assert!(env.fga.has("user:held", "viewer", "document:held"));
 }
