@@ -25,10 +25,23 @@ fn cache(name: &str) -> PathBuf {
 }
 
 fn on_path(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+    // `go` knows only `go version`.
+    ["--version", "version"].into_iter().any(|arg| {
+        Command::new(tool)
+            .arg(arg)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// Fails the test, saying what to install, when `tool` is missing: a writer example that was
+/// not run must never pass.
+fn require(tool: &str, install: &str) {
+    assert!(
+        on_path(tool),
+        "{tool} is not on this machine, and the writer examples' tests need it: {install} \
+         (.ci/run installs it where it is missing)"
+    );
 }
 
 fn run(c: &mut Command, what: &str) -> String {
@@ -101,10 +114,8 @@ async fn the_rust_writer_example_is_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_writer_example_is_delivered() {
-    if !on_path("node") || !on_path("npm") {
-        eprintln!("skipped: node and npm are not on this machine; the Node example was not run");
-        return;
-    }
+    require("node", "apt-get install nodejs npm");
+    require("npm", "apt-get install npm");
     let dir = cache("node");
     if !dir.join("node_modules/pg").exists() {
         run(
@@ -124,10 +135,7 @@ async fn the_node_writer_example_is_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_writer_example_is_delivered() {
-    if !on_path("python3") {
-        eprintln!("skipped: python3 is not on this machine; the Python example was not run");
-        return;
-    }
+    require("python3", "apt-get install python3 python3-venv");
     let dir = cache("python");
     let python = dir.join("venv/bin/python");
     if !python.exists() {
@@ -162,13 +170,10 @@ async fn the_python_writer_example_is_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_go_writer_example_is_delivered() {
-    if !on_path("go") {
-        eprintln!(
-            "skipped: go is not on this machine; the Go example (examples/writers/writer.go, \
-             pgx v5) was not run"
-        );
-        return;
-    }
+    require(
+        "go",
+        "apt-get install golang-go, or https://go.dev/doc/install",
+    );
     let dir = cache("go");
     std::fs::copy(example("writer.go"), dir.join("main.go")).expect("copy writer.go");
     if !dir.join("go.mod").exists() {
@@ -179,16 +184,12 @@ async fn the_go_writer_example_is_delivered() {
             "go mod init",
         );
     }
-    let got = Command::new("go")
-        .args(["get", "github.com/jackc/pgx/v5"])
-        .current_dir(&dir)
-        .output();
-    if !got.is_ok_and(|o| o.status.success()) {
-        eprintln!(
-            "skipped: pgx could not be fetched (no Go module proxy?); the Go example was not run"
-        );
-        return;
-    }
+    run(
+        Command::new("go")
+            .args(["get", "github.com/jackc/pgx/v5"])
+            .current_dir(&dir),
+        "go get github.com/jackc/pgx/v5 (needs the Go module proxy, or GOPROXY set to one)",
+    );
     let mut c = Command::new("go");
     c.args(["run", "."]).current_dir(&dir);
     writer_delivers("the Go example", c).await;
