@@ -526,6 +526,22 @@ async fn rows_with_an_id_of_zero_or_below_are_delivered() {
     );
 }
 
+/// pg_stat_statements' pattern for the statement that locks a Write's rows without marking them
+/// (lock.sql), and for the one that locks them by marking them (lock_by_marking.sql).
+const LOCK: &str = "%SELECT id, payload::text FROM fga_outbox%FOR UPDATE SKIP LOCKED%";
+const MARK: &str = "%SET processed_at = clock_timestamp()%RETURNING id, payload::text%";
+
+/// The rows the statements matching `pattern` returned since pg_stat_statements was last reset.
+async fn statement_rows(admin: &tokio_postgres::Client, pattern: &str) -> i64 {
+    count(
+        admin,
+        "SELECT coalesce(sum(rows), 0)::bigint FROM pg_stat_statements \
+         WHERE query LIKE $1 AND query NOT LIKE '%pg_stat_statements%'",
+        &[&pattern],
+    )
+    .await
+}
+
 /// A Write of rows the relay knows nothing of yet (never held, failed or split) locks them by
 /// marking them delivered in its transaction, which commits only once OpenFGA accepts it: one
 /// UPDATE a row, with no row lock before it (a lock and then a mark cost PostgreSQL about a
@@ -560,20 +576,8 @@ async fn a_writes_rows_are_locked_by_their_mark() {
         assert!(env.fga.has(&format!("user:m{n}"), "viewer", "document:m"));
         assert!(env.fga.has(&format!("user:m{n}"), "editor", "document:m"));
     }
-    let rows = |pattern: &'static str| {
-        let admin = &admin;
-        async move {
-            count(
-                admin,
-                "SELECT coalesce(sum(rows), 0)::bigint FROM pg_stat_statements \
-                 WHERE query LIKE $1 AND query NOT LIKE '%pg_stat_statements%'",
-                &[&pattern],
-            )
-            .await
-        }
-    };
-    let locked = rows("%SELECT id, payload::text FROM fga_outbox%FOR UPDATE SKIP LOCKED%").await;
-    let by_mark = rows("%SET processed_at = clock_timestamp()%RETURNING id, payload::text%").await;
+    let locked = statement_rows(&admin, LOCK).await;
+    let by_mark = statement_rows(&admin, MARK).await;
     println!("rows locked by their mark: {by_mark}; by a lock, then marked: {locked}");
     assert_eq!(
         locked,
@@ -670,24 +674,10 @@ async fn writes_mark_their_rows_again_a_second_after_a_mark_waited_in_vain() {
         })
     };
     let _relay = env.start_relay().await;
-    let statement_rows = |pattern: &'static str| {
-        let admin = &admin;
-        async move {
-            count(
-                admin,
-                "SELECT coalesce(sum(rows), 0)::bigint FROM pg_stat_statements \
-                 WHERE query LIKE $1 AND query NOT LIKE '%pg_stat_statements%'",
-                &[&pattern],
-            )
-            .await
-        }
-    };
-    const LOCK: &str = "%SELECT id, payload::text FROM fga_outbox%FOR UPDATE SKIP LOCKED%";
-    const MARK: &str = "%SET processed_at = clock_timestamp()%RETURNING id, payload::text%";
     wait_until(
         PROMPTLY,
         "a Write locked its rows the skipping way after its mark waited in vain",
-        || async { statement_rows(LOCK).await > 0 },
+        || async { statement_rows(&admin, LOCK).await > 0 },
     )
     .await;
     holder.batch_execute("ROLLBACK").await.unwrap();
@@ -698,7 +688,7 @@ async fn writes_mark_their_rows_again_a_second_after_a_mark_waited_in_vain() {
     wait_until(
         Duration::from_secs(15),
         "a Write marked its rows again while rows kept coming",
-        || async { statement_rows(MARK).await > 0 },
+        || async { statement_rows(&admin, MARK).await > 0 },
     )
     .await;
     stop.store(true, Ordering::Relaxed);
