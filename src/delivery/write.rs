@@ -6,19 +6,18 @@
 //! locks; each Write runs in a transaction of its own that locks its rows (`FOR UPDATE SKIP
 //! LOCKED`: a row another session holds is not sent, and keeps its tuples; so does a row whose
 //! payload the lock finds changed since it was read), sends the Write, and marks the rows
-//! delivered when OpenFGA accepts it. A Write that completes rows the relay knows nothing of
-//! yet locks them by marking them delivered before it leaves (see [`Flight::lock`]): one
-//! change to each row instead of a lock and then a mark, committed only once OpenFGA accepts
-//! the Write and rolled back otherwise. Rows read with nothing in hand are read already locked:
-//! when they are exactly the next Write, that Write goes in the transaction that
-//! read them (see [`Spare`]). So rows are marked delivered, for every other session, as their
-//! Writes are answered, no transaction
-//! spans more than one Write, and a crash sends again at most what was in flight. The window
-//! adapts as TCP's does: halved by a 429, a 5xx or a timeout, grown by one Write per window of
-//! successes, up to `--max-in-flight`. A `Retry-After` closes its store's gate, which every
-//! Write of that store about to leave looks at, so that none goes out before the wait is over;
-//! and every Write about to leave asks the stream's `keep_going` (shutdown, the leader's lease)
-//! once more, so that a relay stopped while its rows were being locked sends nothing once
+//! delivered when OpenFGA accepts it. A Write that completes rows the relay knows nothing of yet
+//! locks them by marking them delivered before it leaves (see [`Flight::lock`]): one change to
+//! each row instead of a lock and then a mark, committed only once OpenFGA accepts the Write and
+//! rolled back otherwise. Rows read with nothing in hand are read already locked: when they are
+//! exactly the next Write, that Write goes in the transaction that read them (see [`Spare`]). So
+//! rows are marked delivered, for every other session, as their Writes are answered, no
+//! transaction spans more than one Write, and a crash sends again at most what was in flight.
+//! The window adapts as TCP's does: halved by a 429, a 5xx or a timeout, grown by one Write per
+//! window of successes, up to `--max-in-flight`. A `Retry-After` closes its store's gate, which
+//! every Write of that store about to leave looks at, so that none goes out before the wait is
+//! over; and every Write about to leave asks the stream's `keep_going` (shutdown, the leader's
+//! lease) once more, so that a relay stopped while its rows were being locked sends nothing once
 //! continued.
 
 use super::core::Flight;
@@ -92,7 +91,8 @@ impl Flight {
 
     /// Opens the Write's transaction and locks its rows, or says why the Write does not go. A
     /// Write of rows it all completes, none of them with a history in the relay, locks them by
-    /// marking them delivered (see [`Flight::by_marking`]): one statement a row instead of two.
+    /// marking them delivered (see [`Flight::by_marking`]): one change to each row instead of
+    /// two.
     pub(super) async fn lock(&self, crew: &Crew) -> Result<Result<WriteTx, Answer>, StoreError> {
         let mut tx = WriteTx::new(crew.store.pool().get().await?);
         let ids = self.plan.ids();
