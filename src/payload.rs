@@ -454,6 +454,19 @@ fn parse_op(path: At<'_>, item: &RawValue, is_write: bool) -> Result<Op, Payload
         relation: field("relation")?,
         object: field("object")?,
     };
+    check_key(path, &key)?;
+    check_no_space_len(path, "object", &key.object)?;
+    if !is_write {
+        // OpenFGA ignores a condition on a delete; so does the relay.
+        return Ok(Op::Delete { key });
+    }
+    let condition = parse_condition(path, &obj)?;
+    Ok(Op::Write { key, condition })
+}
+
+/// The limits OpenFGA puts on a tuple's user and relation, checked here so that a row OpenFGA
+/// would refuse is dead-lettered with the reason rather than failing its whole Write.
+fn check_key(path: At<'_>, key: &TupleKey) -> Result<(), PayloadError> {
     // OpenFGA's `TupleKey.user`: `max_bytes: 512`.
     if key.user.len() > MAX_USER_BYTES {
         return Err(bad(format!(
@@ -474,14 +487,14 @@ fn parse_op(path: At<'_>, item: &RawValue, is_write: bool) -> Result<Op, Payload
             key.relation
         )));
     }
-    check_no_space_len(path, "object", &key.object)?;
-    if !is_write {
-        // OpenFGA ignores a condition on a delete; so does the relay.
-        return Ok(Op::Delete { key });
-    }
+    Ok(())
+}
+
+/// A write's optional condition: a name, and a context sent on as it is.
+fn parse_condition(path: At<'_>, obj: &Members<'_>) -> Result<Option<Condition>, PayloadError> {
     let at = path.key("condition");
-    let condition = match node(at, obj.get("condition"))? {
-        None => None,
+    match node(at, obj.get("condition"))? {
+        None => Ok(None),
         Some(Node::Object(c)) => {
             let name = match node(at.key("name"), c.get("name"))? {
                 Some(Node::String(s)) => s,
@@ -498,16 +511,13 @@ fn parse_op(path: At<'_>, item: &RawValue, is_write: bool) -> Result<Op, Payload
                 None => Map::new(),
                 Some(raw) => parse_context(at, raw)?,
             };
-            Some(Condition { name, context })
+            Ok(Some(Condition { name, context }))
         }
-        Some(other) => {
-            return Err(bad(format!(
-                "{at} must be an object with \"name\" and \"context\", found {}",
-                other.type_name()
-            )));
-        }
-    };
-    Ok(Op::Write { key, condition })
+        Some(other) => Err(bad(format!(
+            "{at} must be an object with \"name\" and \"context\", found {}",
+            other.type_name()
+        ))),
+    }
 }
 
 /// The condition context, a `google.protobuf.Struct` for OpenFGA: an object (or null for none).

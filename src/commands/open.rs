@@ -146,32 +146,7 @@ pub(super) async fn build_relay(
     wait_for_db: Option<&CancellationToken>,
     liveness: Arc<Liveness>,
 ) -> Result<(Relay, Registry), Failure> {
-    let auth = match &fga.auth {
-        Auth::None => "none",
-        Auth::ApiToken(_) => "preshared key",
-        Auth::ClientCredentials { .. } => "client credentials",
-    };
-    info!(
-        command,
-        database = %crate::db::target::summary(&db),
-        table = %db.table,
-        api_url = %crate::config::shown_url(&fga.api_url),
-        store = %fga.store,
-        model = fga.model_id.as_deref().unwrap_or("latest"),
-        auth,
-        request_timeout = ?fga.request_timeout,
-        max_tuples_per_write = fga.max_tuples_per_write,
-        sweep_interval = ?delivery.sweep_interval,
-        heartbeat_interval = ?delivery.heartbeat_interval,
-        leader_lease = ?delivery.leader_lease,
-        max_attempts = delivery.max_attempts,
-        batch_size = delivery.batch_size,
-        max_in_flight = delivery.max_in_flight,
-        linger = ?delivery.linger,
-        version = %crate::build_info::VERSION,
-        revision = %crate::build_info::REVISION,
-        "fga-relay starting"
-    );
+    log_start(command, &db, &fga, &delivery);
     let pg = crate::db::SharedPg::new(crate::db::delivery_pg(
         &db,
         &format!("fga-relay {command}"),
@@ -192,16 +167,7 @@ pub(super) async fn build_relay(
             only by the sweep; run `fga-relay migrate`");
     }
     let client = Arc::new(FgaClient::new(&fga)?);
-    match client.preflight().await {
-        Ok(name) => {
-            info!(store = %name, "OpenFGA store found");
-            say_model(&client).await;
-        }
-        Err(PreflightError::Config(e)) => return Err(e.into()),
-        Err(PreflightError::Unavailable(e)) => {
-            warn!(error = %e, "cannot check the OpenFGA store now; starting anyway and retrying")
-        }
-    }
+    check_store(&client).await?;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry, &format!("{}.{}", table.schema, db.table));
     let relay = Relay {
@@ -222,4 +188,51 @@ pub(super) async fn build_relay(
         problems: Default::default(),
     };
     Ok((relay, registry))
+}
+
+/// The settings a relay starts with, in one line: never a connection string, a URL's userinfo
+/// or a credential.
+fn log_start(command: &str, db: &DbSettings, fga: &FgaSettings, delivery: &DeliverySettings) {
+    let auth = match &fga.auth {
+        Auth::None => "none",
+        Auth::ApiToken(_) => "preshared key",
+        Auth::ClientCredentials { .. } => "client credentials",
+    };
+    info!(
+        command,
+        database = %crate::db::target::summary(db),
+        table = %db.table,
+        api_url = %crate::config::shown_url(&fga.api_url),
+        store = %fga.store,
+        model = fga.model_id.as_deref().unwrap_or("latest"),
+        auth,
+        request_timeout = ?fga.request_timeout,
+        max_tuples_per_write = fga.max_tuples_per_write,
+        sweep_interval = ?delivery.sweep_interval,
+        heartbeat_interval = ?delivery.heartbeat_interval,
+        leader_lease = ?delivery.leader_lease,
+        max_attempts = delivery.max_attempts,
+        batch_size = delivery.batch_size,
+        max_in_flight = delivery.max_in_flight,
+        linger = ?delivery.linger,
+        version = %crate::build_info::VERSION,
+        revision = %crate::build_info::REVISION,
+        "fga-relay starting"
+    );
+}
+
+/// Says which store the relay delivers to, and whether it has a model. A store that cannot be
+/// asked now (OpenFGA down) does not stop a start; one that is wrong (not found, refused) does.
+async fn check_store(client: &FgaClient) -> Result<(), Failure> {
+    match client.preflight().await {
+        Ok(name) => {
+            info!(store = %name, "OpenFGA store found");
+            say_model(client).await;
+        }
+        Err(PreflightError::Config(e)) => return Err(e.into()),
+        Err(PreflightError::Unavailable(e)) => {
+            warn!(error = %e, "cannot check the OpenFGA store now; starting anyway and retrying")
+        }
+    }
+    Ok(())
 }

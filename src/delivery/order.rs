@@ -138,6 +138,56 @@ impl Scan {
     }
 }
 
+/// The Write being planned: its rows so far, the tuples they carry, and what limits it.
+struct Draft {
+    target: Option<Target>,
+    rows: Vec<(Candidate, Vec<usize>)>,
+    keys: HashSet<u64>,
+    n_ops: usize,
+    /// The fewest rows any of its rows' halving allows in one Write.
+    cap: usize,
+    /// No row was left out for want of room.
+    room: bool,
+}
+
+impl Default for Draft {
+    fn default() -> Self {
+        Draft {
+            target: None,
+            rows: Vec::new(),
+            keys: HashSet::new(),
+            n_ops: 0,
+            cap: usize::MAX,
+            room: true,
+        }
+    }
+}
+
+impl Draft {
+    fn add(&mut self, c: Candidate, ops: Vec<usize>, row_cap: usize) {
+        self.keys.extend(ops.iter().map(|&i| c.hashes[i]));
+        self.n_ops += ops.len();
+        self.cap = self.cap.min(row_cap);
+        self.rows.push((c, ops));
+    }
+
+    fn into_plan(self) -> Option<Plan> {
+        let target = self.target?;
+        (!self.rows.is_empty()).then_some(Plan {
+            target,
+            rows: self.rows,
+            room: self.room,
+        })
+    }
+}
+
+/// Whether planning looks at the next row.
+enum Step {
+    Next,
+    /// The Write is full.
+    Full,
+}
+
 impl Core {
     /// Whether row `c` cannot go now, noted in `scan`: behind an undecodable row of its store,
     /// waiting to be marked or looked at (a retried row), held back (its own backoff or its
@@ -190,13 +240,7 @@ impl Core {
     /// tuples waits behind them. Rows with nothing left to send are set aside to be marked.
     /// Counts the rows that cannot go now in `stuck`, and notes when the first may.
     pub(super) fn plan(&mut self, now: Instant) -> Option<Plan> {
-        let limit = self.max_tuples;
-        let mut rows: Vec<(Candidate, Vec<usize>)> = Vec::new();
-        let mut keys: HashSet<u64> = HashSet::new();
-        let mut n_ops = 0usize;
-        let mut cap = usize::MAX;
-        let mut target: Option<Target> = None;
-        let mut room = true;
+        let mut draft = Draft::default();
         let mut scan = Scan::default();
         let ids: Vec<i64> = self.queue.keys().copied().collect();
         for id in ids {
@@ -206,73 +250,83 @@ impl Core {
             if self.passed_over(c, now, &mut scan) {
                 continue;
             }
-            let waiting = &mut scan.waiting;
-            if let Some(t) = target.as_ref().filter(|t| **t != c.target) {
-                // Another target's row, left for its own Write. Its tuples are of its store, so
-                // they meet this Write's only in its store under another model: a later row of
-                // this target on them must not overtake it.
-                if t.store == c.target.store {
-                    waiting.extend(c.hashes.iter().copied());
-                }
-                continue;
-            }
-            let memo = self.memo.get(&id);
-            let remaining: Vec<usize> = (0..c.ops.len())
-                .filter(|i| memo.is_none_or(|m| !m.done.contains(i)))
-                .collect();
-            if remaining.is_empty() {
-                // A retried row whose every operation is superseded (a Write's answer that
-                // finishes a row marks it in its own transaction). Marked before the next
-                // turn's Writes, and until then its tuples stay blocked: if the mark is lost,
-                // it is looked at again before any later row on them, never after.
-                waiting.extend(c.hashes.iter().copied());
-                self.to_mark.push(id);
-                scan.stuck += 1;
-                continue;
-            }
-            let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
-            let part_cap = memo.and_then(|m| m.max_part).unwrap_or(limit).min(limit);
-            if rows.is_empty() {
-                let Some(c) = self.queue.remove(&id) else {
-                    continue;
-                };
-                target = Some(c.target.clone());
-                if remaining.len() > part_cap {
-                    // Too large for one Write: send it in parts, alone, in order.
-                    let part: Vec<usize> = remaining.into_iter().take(part_cap).collect();
-                    rows.push((c, part));
-                    room = false;
-                    break;
-                }
-                keys.extend(remaining.iter().map(|&i| c.hashes[i]));
-                n_ops = remaining.len();
-                cap = row_cap;
-                rows.push((c, remaining));
-                continue;
-            }
-            if rows.len() >= cap.min(row_cap) || n_ops + remaining.len() > limit {
-                room = false;
+            if let Step::Full = self.consider(id, &mut draft, &mut scan) {
                 break;
             }
-            if remaining.iter().any(|&i| keys.contains(&c.hashes[i])) {
-                // Its tuple is in this Write: it goes after it, as does every later row on it.
-                waiting.extend(c.hashes.iter().copied());
-                continue;
-            }
-            let Some(c) = self.queue.remove(&id) else {
-                continue;
-            };
-            keys.extend(remaining.iter().map(|&i| c.hashes[i]));
-            n_ops += remaining.len();
-            cap = cap.min(row_cap);
-            rows.push((c, remaining));
         }
         self.stuck = scan.stuck;
         if let Some(at) = scan.due {
             self.due_at(at);
         }
-        let target = target?;
-        (!rows.is_empty()).then_some(Plan { target, rows, room })
+        draft.into_plan()
+    }
+
+    /// Row `id`, which nothing holds back, joins the Write if it is of its target, fits, and
+    /// touches none of its tuples; otherwise it stays in the queue for a later Write.
+    fn consider(&mut self, id: i64, draft: &mut Draft, scan: &mut Scan) -> Step {
+        let Some(c) = self.queue.get(&id) else {
+            return Step::Next;
+        };
+        let waiting = &mut scan.waiting;
+        if let Some(t) = draft.target.as_ref().filter(|t| **t != c.target) {
+            // Another target's row, left for its own Write. Its tuples are of its store, so
+            // they meet this Write's only in its store under another model: a later row of
+            // this target on them must not overtake it.
+            if t.store == c.target.store {
+                waiting.extend(c.hashes.iter().copied());
+            }
+            return Step::Next;
+        }
+        let memo = self.memo.get(&id);
+        let remaining: Vec<usize> = (0..c.ops.len())
+            .filter(|i| memo.is_none_or(|m| !m.done.contains(i)))
+            .collect();
+        if remaining.is_empty() {
+            // A retried row whose every operation is superseded (a Write's answer that
+            // finishes a row marks it in its own transaction). Marked before the next
+            // turn's Writes, and until then its tuples stay blocked: if the mark is lost,
+            // it is looked at again before any later row on them, never after.
+            waiting.extend(c.hashes.iter().copied());
+            self.to_mark.push(id);
+            scan.stuck += 1;
+            return Step::Next;
+        }
+        let row_cap = memo.and_then(|m| m.max_rows).unwrap_or(usize::MAX);
+        let part_cap = memo
+            .and_then(|m| m.max_part)
+            .unwrap_or(self.max_tuples)
+            .min(self.max_tuples);
+        if draft.rows.is_empty() {
+            let Some(c) = self.queue.remove(&id) else {
+                return Step::Next;
+            };
+            draft.target = Some(c.target.clone());
+            if remaining.len() > part_cap {
+                // Too large for one Write: send it in parts, alone, in order.
+                let part: Vec<usize> = remaining.into_iter().take(part_cap).collect();
+                draft.rows.push((c, part));
+                draft.room = false;
+                return Step::Full;
+            }
+            draft.add(c, remaining, row_cap);
+            return Step::Next;
+        }
+        if draft.rows.len() >= draft.cap.min(row_cap)
+            || draft.n_ops + remaining.len() > self.max_tuples
+        {
+            draft.room = false;
+            return Step::Full;
+        }
+        if remaining.iter().any(|&i| draft.keys.contains(&c.hashes[i])) {
+            // Its tuple is in this Write: it goes after it, as does every later row on it.
+            waiting.extend(c.hashes.iter().copied());
+            return Step::Next;
+        }
+        let Some(c) = self.queue.remove(&id) else {
+            return Step::Next;
+        };
+        draft.add(c, remaining, row_cap);
+        Step::Next
     }
 
     /// The row and operation index of the `flat`-th operation of a plan.

@@ -139,47 +139,59 @@ impl Credentials {
             TokenError::unavailable(format!("token response from {issuer} failed: {e}"))
         })?;
         if !status.is_success() {
-            let mut reason = format!(
-                "token issuer {issuer} answered {status}: {}",
-                excerpt(&body)
-            );
-            if let Some(to) = location {
-                reason.push_str(&format!(" (redirect to {to}, not followed)"));
-            }
-            // 4xx (but a timeout or throttling): the issuer refuses these credentials, which
-            // only the operator can fix. 5xx: the issuer is having trouble; retry.
-            let refused = status.is_redirection()
-                || (status.is_client_error()
-                    && status != reqwest::StatusCode::REQUEST_TIMEOUT
-                    && status != reqwest::StatusCode::TOO_MANY_REQUESTS);
-            return Err(if refused {
-                TokenError::refused(format!(
-                    "{reason} (check FGA_CLIENT_ID, FGA_CLIENT_SECRET, FGA_API_AUDIENCE and \
-                     FGA_API_TOKEN_ISSUER)"
-                ))
-            } else {
-                TokenError::unavailable(reason)
-            });
+            return Err(token_refusal(&issuer, status, &body, location));
         }
-        #[derive(Deserialize)]
-        struct TokenBody {
-            access_token: String,
-            expires_in: Option<u64>,
-        }
-        let t: TokenBody = serde_json::from_slice(&body).map_err(|e| {
-            TokenError::refused(format!(
-                "token issuer {issuer} answered something that is not a token ({e})"
-            ))
-        })?;
-        // Refresh a minute early (or at half-life for short-lived tokens), so a request never
-        // carries a token that expires on its way.
-        let lifetime = Duration::from_secs(t.expires_in.unwrap_or(300));
-        let margin = Duration::from_secs(60).min(lifetime / 2);
-        Ok(CachedToken {
-            token: Secret::new(t.access_token),
-            refresh_at: started + lifetime - margin,
-        })
+        token_from(&issuer, &body, started)
     }
+}
+
+/// Why the issuer gave no token, worded for whoever must act: 4xx (but a timeout or
+/// throttling) means it refuses these credentials, which only the operator can fix; 5xx, that
+/// it is having trouble, and the request is retried.
+fn token_refusal(
+    issuer: &str,
+    status: reqwest::StatusCode,
+    body: &[u8],
+    location: Option<String>,
+) -> TokenError {
+    let mut reason = format!("token issuer {issuer} answered {status}: {}", excerpt(body));
+    if let Some(to) = location {
+        reason.push_str(&format!(" (redirect to {to}, not followed)"));
+    }
+    let refused = status.is_redirection()
+        || (status.is_client_error()
+            && status != reqwest::StatusCode::REQUEST_TIMEOUT
+            && status != reqwest::StatusCode::TOO_MANY_REQUESTS);
+    if refused {
+        TokenError::refused(format!(
+            "{reason} (check FGA_CLIENT_ID, FGA_CLIENT_SECRET, FGA_API_AUDIENCE and \
+             FGA_API_TOKEN_ISSUER)"
+        ))
+    } else {
+        TokenError::unavailable(reason)
+    }
+}
+
+/// The token in an issuer's success, asked for at `started`.
+fn token_from(issuer: &str, body: &[u8], started: Instant) -> Result<CachedToken, TokenError> {
+    #[derive(Deserialize)]
+    struct TokenBody {
+        access_token: String,
+        expires_in: Option<u64>,
+    }
+    let t: TokenBody = serde_json::from_slice(body).map_err(|e| {
+        TokenError::refused(format!(
+            "token issuer {issuer} answered something that is not a token ({e})"
+        ))
+    })?;
+    // Refresh a minute early (or at half-life for short-lived tokens), so a request never
+    // carries a token that expires on its way.
+    let lifetime = Duration::from_secs(t.expires_in.unwrap_or(300));
+    let margin = Duration::from_secs(60).min(lifetime / 2);
+    Ok(CachedToken {
+        token: Secret::new(t.access_token),
+        refresh_at: started + lifetime - margin,
+    })
 }
 
 /// No token from the client-credentials flow.

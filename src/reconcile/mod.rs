@@ -56,28 +56,9 @@ pub enum Verdict {
 /// Checks that OpenFGA holds what the delivered rows say it must, and with `--repair` enqueues
 /// the corrections; the report goes to stdout as it is found.
 pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::Result<Verdict> {
-    info!(
-        database = %crate::db::target::summary(db),
-        table = %db.table,
-        api_url = %crate::config::shown_url(&fga.api_url),
-        store = %fga.store,
-        only_store = opts.store.as_deref().unwrap_or("(every store)"),
-        since = %opts
-            .since
-            .map_or_else(|| "all".to_owned(), |d| humantime::format_duration(d).to_string()),
-        read_by = %opts.read_by.as_str(),
-        repair = opts.repair,
-        "fga-relay reconcile starting"
-    );
+    log_start(db, fga, opts);
     let mut pg = Db::connect(db).await?;
-    let client = Arc::new(FgaClient::new(fga)?);
-    match client.preflight().await {
-        Ok(name) => info!(store = %name, "OpenFGA store found"),
-        Err(PreflightError::Config(e)) => return Err(e.into()),
-        Err(PreflightError::Unavailable(e)) => anyhow::bail!("cannot reach OpenFGA: {e}"),
-    }
-    // Known once preflight found it. Rows naming it are the configured store's.
-    let configured = client.configured_store_id().unwrap_or_default().to_owned();
+    let (client, configured) = find_store(fga).await?;
     let only = opts
         .store
         .as_deref()
@@ -122,6 +103,45 @@ pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::
         summary.repair = Some(pg.repair(through, fga.max_tuples_per_write).await?);
     }
     out.finish(&summary)?;
+    log_finish(&summary);
+    Ok(if summary.drift() > 0 {
+        Verdict::Drift
+    } else {
+        Verdict::InStep
+    })
+}
+
+/// What is checked, against what, in one line: never a connection string or a URL's userinfo.
+fn log_start(db: &DbSettings, fga: &FgaSettings, opts: &Options) {
+    info!(
+        database = %crate::db::target::summary(db),
+        table = %db.table,
+        api_url = %crate::config::shown_url(&fga.api_url),
+        store = %fga.store,
+        only_store = opts.store.as_deref().unwrap_or("(every store)"),
+        since = %opts
+            .since
+            .map_or_else(|| "all".to_owned(), |d| humantime::format_duration(d).to_string()),
+        read_by = %opts.read_by.as_str(),
+        repair = opts.repair,
+        "fga-relay reconcile starting"
+    );
+}
+
+/// The client, once its store is found, and the configured store's id: rows naming it are the
+/// configured store's.
+async fn find_store(fga: &FgaSettings) -> anyhow::Result<(Arc<FgaClient>, String)> {
+    let client = Arc::new(FgaClient::new(fga)?);
+    match client.preflight().await {
+        Ok(name) => info!(store = %name, "OpenFGA store found"),
+        Err(PreflightError::Config(e)) => return Err(e.into()),
+        Err(PreflightError::Unavailable(e)) => anyhow::bail!("cannot reach OpenFGA: {e}"),
+    }
+    let configured = client.configured_store_id().unwrap_or_default().to_owned();
+    Ok((client, configured))
+}
+
+fn log_finish(summary: &Summary) {
     match peak_rss_kib() {
         Some(kib) => info!(
             tuples = summary.tuples,
@@ -135,9 +155,4 @@ pub async fn run(db: &DbSettings, fga: &FgaSettings, opts: &Options) -> anyhow::
             "reconcile finished"
         ),
     }
-    Ok(if summary.drift() > 0 {
-        Verdict::Drift
-    } else {
-        Verdict::InStep
-    })
 }
