@@ -6,9 +6,10 @@
 
 use super::Deliverer;
 use super::core::{Effects, Flight};
+use super::order::Candidate;
 use super::write::Answer;
 use crate::store::StoreError;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::{debug, warn};
@@ -94,20 +95,39 @@ impl Deliverer {
         Ok(rows.into_iter().map(|r| (r.id, r.payload)).collect())
     }
 
-    /// Records failures and dead-letters rows as a judgement says.
+    /// Records failures and dead-letters rows as a judgement says. On a database error, the
+    /// rows not yet dead-lettered go back to the queue, in their place: they are still pending,
+    /// and no later row on their tuples may overtake them while the stream starts again.
     pub(super) async fn write_back(&mut self, fx: Effects) -> Result<(), StoreError> {
-        if fx.record.is_empty() && fx.give_up.is_empty() {
+        let mut give_up = VecDeque::from(fx.give_up);
+        let written = self.record_and_give_up(&fx.record, &mut give_up).await;
+        if written.is_err() {
+            self.core
+                .requeue(give_up.into_iter().map(|(c, _)| c).collect());
+        }
+        written
+    }
+
+    /// [`Deliverer::write_back`]'s statements; a row leaves `give_up` once it is dead-lettered
+    /// (or found held, and queued again as such).
+    async fn record_and_give_up(
+        &mut self,
+        record: &[(Vec<i64>, String)],
+        give_up: &mut VecDeque<(Candidate, String)>,
+    ) -> Result<(), StoreError> {
+        if record.is_empty() && give_up.is_empty() {
             return Ok(());
         }
         let conn = self.store.pool().get().await?;
-        for (ids, error) in &fx.record {
+        for (ids, error) in record {
             self.store.record_failure(&conn, ids, error).await?;
         }
-        for (c, reason) in fx.give_up {
-            if self
-                .dead_letter(&conn, c.id, &reason, Some(&c.text))
-                .await?
-            {
+        while let Some((c, reason)) = give_up.front() {
+            let dead = self.dead_letter(&conn, c.id, reason, Some(&c.text)).await?;
+            let Some((c, _)) = give_up.pop_front() else {
+                break;
+            };
+            if dead {
                 self.core.dead(c.id);
             } else {
                 self.core.refused(c, Instant::now());

@@ -20,8 +20,8 @@
 //! - Rows that stay in the queue and keep their tuples: a failed Write's rows and a row held
 //!   back (the judgement, `judge.rs`); a row another session holds (the Write's lock,
 //!   `write.rs`, then looked at again by id); a row given up on that could not be
-//!   dead-lettered (`Deliverer::give_up`, `judge.rs`); a row with nothing left to send until it
-//!   is marked (here).
+//!   dead-lettered, held by another session or failed by the database (`Deliverer::write_back`,
+//!   `mark.rs`); a row with nothing left to send until it is marked (here).
 //! - Rows that bar every later row of their store, as which tuples they touch is not known: a
 //!   row that cannot be decoded and could not be dead-lettered, and a row whose payload changed
 //!   since it was read, until it is read again by id (`Deliverer::recheck_bars`, `read.rs`);

@@ -1,7 +1,7 @@
 //! Order per tuple where it is easiest to lose: rows finished by an older OpenFGA's "already
-//! exists", a rejected row another session holds, a row changed after its page was read, dead
-//! rows brought back by `retry`, and conditions an older OpenFGA cannot overwrite. Each test
-//! fails with its mechanism taken out.
+//! exists", a rejected row another session holds or whose dead-lettering fails, a row changed
+//! after its page was read, dead rows brought back by `retry`, and conditions an older OpenFGA
+//! cannot overwrite. Each test fails with its mechanism taken out.
 
 use crate::common::fga::{Fault, FaultRule, Fga, StoredTuple};
 use crate::common::pg::PROMPTLY;
@@ -170,6 +170,84 @@ async fn a_rejected_row_another_session_holds_keeps_its_tuple_blocked() {
         return;
     }
     panic!("in 5 tries the relay always dead-lettered the row before the holder took it");
+}
+
+/// A rejected row whose dead-lettering fails (a database error) is still pending, and stays in
+/// hand, in its place, while the stream starts again: no later row on its tuple may go first.
+/// Otherwise, with a read's worth of rows queued behind it (so that the stream starting again
+/// does not read it back before it plans), the later delete removes the tuple, the rejected
+/// write then succeeds, and OpenFGA holds a tuple the outbox deleted last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_row_whose_dead_lettering_fails_keeps_its_tuple_blocked() {
+    let env = Env::start().await;
+    let object = "document:dl";
+    env.fga.insert_tuple(
+        StoredTuple::new("user:anne", "viewer", object)
+            .with_condition("non_expired", json!({"expires_at": "2020-01-01T00:00:00Z"})),
+    );
+    // The first dead-lettering fails: the sequence counts attempts outside any transaction.
+    let admin = env.db.connect().await;
+    admin
+        .batch_execute(
+            "CREATE SEQUENCE dead_attempts;
+             CREATE FUNCTION fail_first_dead_letter() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF OLD.failed_at IS NULL AND NEW.failed_at IS NOT NULL
+                    AND nextval('dead_attempts') = 1 THEN
+                     RAISE EXCEPTION 'injected: the dead-lettering of row % fails', NEW.id;
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_first_dead_letter BEFORE UPDATE ON fga_outbox
+                 FOR EACH ROW EXECUTE FUNCTION fail_first_dead_letter();",
+        )
+        .await
+        .unwrap();
+    // In one transaction, read a page of two at a time: the rejected row's Write flies alone
+    // (one Write in flight; the delete waits behind it), slowly, while the rows after it are
+    // read and queued behind it: a read's worth more.
+    let mut conditioned = tk("user:anne", "viewer", object);
+    conditioned["condition"] =
+        json!({"name": "non_expired", "context": {"expires_at": "2030-01-01T00:00:00Z"}});
+    let writer = env.db.connect().await;
+    writer.batch_execute("BEGIN").await.unwrap();
+    let rejected = insert_with(&writer, writes(&[conditioned])).await;
+    let later = insert_with(&writer, deletes(&[tk("user:anne", "viewer", object)])).await;
+    for n in 0..3 {
+        let other = tk("user:other", "viewer", &format!("document:dl{n}"));
+        insert_with(&writer, writes(&[other])).await;
+    }
+    writer.batch_execute("COMMIT").await.unwrap();
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+            "user:anne",
+            "viewer",
+            object,
+        ));
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_MAX_IN_FLIGHT", "1"),
+        ("FGA_RELAY_BATCH_SIZE", "2"),
+    ]);
+    wait_until(PROMPTLY, "the rejected row is done with", || async {
+        let r = env.row(rejected).await;
+        (r.dead || r.delivered) && env.row(later).await.delivered
+    })
+    .await;
+    let attempts: i64 = admin
+        .query_one("SELECT last_value FROM dead_attempts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(attempts >= 1, "the injected fault never fired");
+    let r = env.row(rejected).await;
+    assert!(
+        r.dead && !env.fga.has("user:anne", "viewer", object),
+        "the rejected row ended {r:?}, and OpenFGA holds the tuple the outbox deleted last: {} \
+         (applied: {:?}); relay log:\n{}",
+        env.fga.has("user:anne", "viewer", object),
+        applied_on(&env.fga, "user:anne", "viewer", object),
+        relay.logs()
+    );
 }
 
 /// Starts a relay with a row behind a slow first Write on its tuple (`user:a viewer
