@@ -375,9 +375,16 @@ impl Deliverer {
         created_at: std::time::SystemTime,
         text: &str,
     ) -> Result<(), Unqueued> {
+        // `""` is read among the rows naming none (`coalesce(payload->>'store_id', '')`): so
+        // is the bar.
         let named: Option<Arc<str>> = serde_json::from_str::<serde_json::Value>(text)
             .ok()
-            .and_then(|v| v.get("store_id")?.as_str().map(Arc::from));
+            .and_then(|v| {
+                v.get("store_id")?
+                    .as_str()
+                    .filter(|s| !s.is_empty())
+                    .map(Arc::from)
+            });
         let target = match &named {
             None => Target::default(),
             Some(store) => {

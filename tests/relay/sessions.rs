@@ -44,10 +44,26 @@ async fn insert_malformed(client: &tokio_postgres::Client) -> i64 {
 /// holding the grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_malformed_row_bars_its_store_and_no_other() {
+    a_held_malformed_row_bars_the_configured_store(r#"{"writes": []}"#).await;
+}
+
+/// As above, for a row naming the store `""`: the relay's reads count it among the rows naming
+/// none (`coalesce(payload->>'store_id', '')`), and so does the bar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_malformed_row_naming_the_empty_store_bars_the_rows_naming_none() {
+    a_held_malformed_row_bars_the_configured_store(r#"{"writes": [], "store_id": ""}"#).await;
+}
+
+/// A held row of `text`, which cannot be decoded, bars the configured store's later rows (a
+/// grant of `user:anne viewer document:a`) until it is corrected into a revoke of that tuple,
+/// and no other store's.
+async fn a_held_malformed_row_bars_the_configured_store(text: &str) {
     let env = Env::start().await;
     let elsewhere = env.fga.add_store();
     let admin = env.db.connect().await;
-    let bad = insert_malformed(&admin).await;
+    let bad = crate::common::relay::insert_text(&admin, text)
+        .await
+        .expect("insert a malformed row");
     let holder = env.db.connect().await;
     holder.batch_execute("BEGIN").await.unwrap();
     holder
