@@ -111,6 +111,11 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 /// - `statement_timeout = 0`, and `idle_session_timeout = 0` where it exists: the relay's
 ///   statements are short, and waits on its own sessions are bounded by the relay itself (the
 ///   heartbeat); a server-wide limit would end the idle LISTEN session of a standby.
+/// - `client_encoding = SQL_ASCII` where the server's encoding is `SQL_ASCII` (text stored as
+///   the bytes written, none checked): PostgreSQL checks such text against the client's encoding
+///   before it sends it, so one payload that is not UTF-8 failed every read that reached it,
+///   and delivery stopped there. Sent as stored, the relay finds it is not UTF-8 itself, and
+///   dead-letters that row with the reason.
 /// - TCP keepalives and `tcp_user_timeout` from the server's side: a relay that vanished
 ///   (network cut, not closed) is noticed by PostgreSQL within about 20 s, even when the server
 ///   has data for it (a notification) that is never acknowledged. (Ignored on Unix sockets,
@@ -133,7 +138,9 @@ fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
          SELECT set_config('tcp_user_timeout', '{}', false) \
           WHERE current_setting('server_version_num')::integer >= 120000; \
          SELECT set_config('idle_session_timeout', '0', false) \
-          WHERE current_setting('server_version_num')::integer >= 140000",
+          WHERE current_setting('server_version_num')::integer >= 140000; \
+         SELECT set_config('client_encoding', 'SQL_ASCII', false) \
+          WHERE current_setting('server_encoding') = 'SQL_ASCII'",
         if synchronous_commit { "on" } else { "off" },
         TCP_USER_TIMEOUT.as_millis()
     )

@@ -394,9 +394,7 @@ impl Store {
             .map(|r| {
                 Ok(ClaimedRow {
                     id: r.try_get(0)?,
-                    payload: r
-                        .try_get::<_, String>(1)
-                        .map_err(|e| format!("the payload cannot be read: {e}")),
+                    payload: payload_text(&r, 1),
                     created_at: r.try_get(2)?,
                     attempts: r.try_get(3)?,
                     retried: r.try_get(4)?,
@@ -507,9 +505,7 @@ impl Store {
         Ok(rows
             .iter()
             .map(|r| {
-                let payload = r
-                    .try_get::<_, String>(1)
-                    .map_err(|e| format!("the payload cannot be read: {e}"));
+                let payload = payload_text(r, 1);
                 Ok(DeadPayload {
                     id: r.try_get(0)?,
                     payload,
@@ -735,4 +731,19 @@ impl StoreError {
             StoreError::Pool(_) => true,
         }
     }
+}
+
+/// Column `i` of `r`, a payload as text, or why it is not: a database whose encoding is
+/// `SQL_ASCII` stores whatever bytes it is given, and sends them as they are (see
+/// `crate::db`), so a payload written in another encoding arrives as bytes that are not UTF-8.
+fn payload_text(r: &tokio_postgres::Row, i: usize) -> Result<String, String> {
+    r.try_get::<_, String>(i).map_err(|e| {
+        match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::str::Utf8Error>()) {
+            Some(why) => format!(
+                "the payload is not UTF-8 text ({why}): the database stores bytes of any \
+                 encoding as given; write the payload as UTF-8, then `fga-relay retry` the row"
+            ),
+            None => format!("the payload cannot be read: {e}"),
+        }
+    })
 }

@@ -169,16 +169,20 @@ impl Core {
                 self.memo.remove(&c.id);
                 None
             }
-            Some(Ok(text)) if **text != *c.text => {
+            // Changed, or no longer text at all (bytes that are not UTF-8): read again, and
+            // dead-lettered then if it cannot be decoded.
+            Some(now_text) if !now_text.as_ref().is_ok_and(|t| **t == *c.text) => {
                 debug!(id = c.id, "row changed since it was read; read again");
-                if let Ok(p) = Payload::parse_text(text)
-                    && let Some(configured) = configured.or(p.store.is_none().then_some(""))
-                {
-                    c.target = Target::of(p.store.as_ref(), p.model.as_ref(), configured);
+                if let Ok(text) = now_text {
+                    if let Ok(p) = Payload::parse_text(text)
+                        && let Some(configured) = configured.or(p.store.is_none().then_some(""))
+                    {
+                        c.target = Target::of(p.store.as_ref(), p.model.as_ref(), configured);
+                    }
+                    c.text = text.as_str().into();
                 }
                 c.ops = Arc::from(Vec::new());
                 c.hashes = Vec::new();
-                c.text = text.as_str().into();
                 if !c.malformed {
                     c.malformed = true;
                     self.bars += 1;

@@ -115,9 +115,11 @@ impl Flight {
             // A row another session holds: skipped, as for any Write.
             None => crew.store.begin_and_lock(tx.conn(), &ids).await?,
         };
-        let got: HashMap<i64, String> = rows
+        // A payload that is no longer text (bytes that are not UTF-8, in a database whose
+        // encoding allows them) changed too: looked at again, it is dead-lettered as a read would.
+        let got: HashMap<i64, Option<String>> = rows
             .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1).ok())))
             .collect::<Result<_, tokio_postgres::Error>>()?;
         // The Write sends what its lock sees: a row whose payload changed since its page was
         // read (reads are without locks, but for the first with nothing in hand) is passed over as
@@ -126,7 +128,11 @@ impl Flight {
             .plan
             .rows
             .iter()
-            .filter(|(c, _)| got.get(&c.id).is_none_or(|t| **t != *c.text))
+            .filter(|(c, _)| {
+                got.get(&c.id)
+                    .and_then(Option::as_deref)
+                    .is_none_or(|t| *t != *c.text)
+            })
             .map(|(c, _)| c.id)
             .collect();
         if !missing.is_empty() {

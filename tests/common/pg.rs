@@ -81,6 +81,29 @@ impl TestDb {
         TestDb::start_with(PgOptions::default())
     }
 
+    /// [`TestDb::start`], with the test's database in `encoding` and the C locale
+    /// (`SQL_ASCII`: text stored as the bytes given, none checked).
+    pub fn start_encoded(encoding: &str) -> TestDb {
+        let mut db = TestDb::start();
+        let create = |name: &str| {
+            format!(
+                "CREATE DATABASE {name} ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' \
+                 TEMPLATE template0"
+            )
+        };
+        match &db.kind {
+            Kind::Shared { admin_url, name } => {
+                run_sql(admin_url, &format!("DROP DATABASE {name}"));
+                run_sql(admin_url, &create(name));
+            }
+            Kind::Cluster { .. } => {
+                run_sql(&db.url, &create("encoded"));
+                db.url = db.url.replace("dbname=postgres", "dbname=encoded");
+            }
+        }
+        db
+    }
+
     /// Starts a cluster of our own with these options, whatever `TEST_DATABASE_URL` says: the
     /// benchmark must know what server it measures.
     pub fn start_with(options: PgOptions) -> TestDb {

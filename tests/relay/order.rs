@@ -4,7 +4,7 @@
 //! cannot overwrite. Each test fails with its mechanism taken out.
 
 use crate::common::fga::{Fault, FaultRule, Fga, StoredTuple};
-use crate::common::pg::PROMPTLY;
+use crate::common::pg::{PROMPTLY, TestDb};
 use crate::common::relay::{Env, RelayProc, deletes, insert_with, tk, wait_until, writes};
 use crate::stores::in_store;
 use serde_json::json;
@@ -310,6 +310,62 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
     let now = writes(&[tk("user:new", "viewer", "document:r")]);
     change_a_row_while_the_write_before_it_flies(&env, now).await;
     assert!(env.fga.has("user:new", "viewer", "document:r"));
+}
+
+/// A row changed, before its Write locks it, to a payload that is not UTF-8 (a database in
+/// `SQL_ASCII` stores the bytes as given) is looked at again and dead-lettered as a read would,
+/// and the rows after it flow: the lock once failed the whole stream on it, again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_changed_to_bytes_that_are_not_text_before_its_lock_is_dead_lettered() {
+    let env = Env::with(TestDb::start_encoded("SQL_ASCII"), Fga::start()).await;
+    let a = tk("user:a", "viewer", "document:a");
+    let first = env.insert(writes(std::slice::from_ref(&a))).await;
+    let changed = env
+        .insert(json!({"writes": [tk("user:old", "viewer", "document:r")], "deletes": [a]}))
+        .await;
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+            "user:a",
+            "viewer",
+            "document:a",
+        ));
+    let admin = env.db.connect().await;
+    let relay = env.start_relay().await;
+    wait_writes_received(&env.fga, 1).await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET payload = ('{\"writes\": [{\"user\": \"user:' || chr(255) \
+             || '\", \"relation\": \"viewer\", \"object\": \"document:r\"}]}')::jsonb \
+             WHERE id = $1",
+            &[&changed],
+        )
+        .await
+        .unwrap();
+    assert!(
+        first_answered(&env.fga).is_none(),
+        "precondition: the row was changed before the Write before it was answered"
+    );
+    let after = env
+        .insert(writes(&[tk("user:after", "viewer", "document:r")]))
+        .await;
+    env.wait_delivered(first).await;
+    wait_until(PROMPTLY, "the changed row is dead-lettered", || async {
+        env.row(changed).await.dead
+    })
+    .await;
+    env.wait_delivered(after).await;
+    let r = env.row(changed).await;
+    assert!(
+        r.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not UTF-8")),
+        "the reason does not say what is wrong: {r:?}"
+    );
+    assert!(
+        applied_on(&env.fga, "user:old", "viewer", "document:r").is_empty(),
+        "the row's old payload was sent; relay log:\n{}",
+        relay.logs()
+    );
 }
 
 /// A row read naming one store and changed, before its Write locks it, to name another is

@@ -1,7 +1,8 @@
 //! Payloads that can never be delivered are dead-lettered at once, with a reason, and never
 //! hold up the rows behind them.
 
-use crate::common::pg::PROMPTLY;
+use crate::common::fga::Fga;
+use crate::common::pg::{PROMPTLY, TestDb};
 use crate::common::relay::{Env, insert_text, tk, wait_until, writes};
 use serde_json::json;
 
@@ -87,6 +88,47 @@ async fn a_tuple_openfga_rejects_dead_letters_only_its_row() {
         assert!(env.row(*id).await.delivered, "row {i}");
     }
     assert_eq!(env.fga.tuples().len(), 99);
+}
+
+/// In a database whose encoding is `SQL_ASCII` (text stored as the bytes written, none
+/// checked), a payload written in another encoding is not UTF-8: its row is dead-lettered with
+/// the reason and what to do, and the rows around it flow, read in the same pages. PostgreSQL
+/// used to check such text against the relay's encoding before sending it, and every read that
+/// reached the row failed: nothing after it was delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_that_is_not_utf8_in_a_sql_ascii_database_is_dead_lettered_and_the_rest_flow() {
+    let env = Env::with(TestDb::start_encoded("SQL_ASCII"), Fga::start()).await;
+    let before = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let admin = env.db.connect().await;
+    // `user:b\xe9a`: "béa" in Latin-1.
+    let bad: i64 = admin
+        .query_one(
+            "INSERT INTO fga_outbox (payload) VALUES (('{\"writes\": [{\"user\": \"user:b' \
+             || chr(233) || 'a\", \"relation\": \"viewer\", \"object\": \"document:2\"}]}')::jsonb) \
+             RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let after = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:3")]))
+        .await;
+    let relay = env.start_relay().await;
+    wait_until(PROMPTLY, "every row delivered or dead", || async {
+        env.row(before).await.delivered && env.row(bad).await.dead && env.row(after).await.delivered
+    })
+    .await;
+    let r = env.row(bad).await;
+    assert!(
+        r.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not UTF-8") && e.contains("retry")),
+        "the reason does not say what is wrong and what to do: {r:?}; relay log:\n{}",
+        relay.logs()
+    );
 }
 
 /// Documents PostgreSQL's jsonb takes but a full JSON decode refuses (a number beyond a double,
