@@ -8,7 +8,8 @@ use std::time::SystemTime;
 use tokio_postgres::Statement;
 
 /// How long a Write's mark waits for a row another session holds, or for the table behind a lock
-/// queued for it, before the Write locks its rows the way that skips a held row (see
+/// queued for it (each such wait: PostgreSQL's `lock_timeout` does not add them up), before the
+/// Write locks its rows the way that skips a held row (see
 /// [`Store::begin_and_mark`]). Rows are held by another session only by an operator's
 /// transaction or a relay that lost leadership, and after one such wait the relay marks no
 /// Write this way for a while. Brief table locks should come and go within it (autovacuum
