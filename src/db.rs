@@ -77,11 +77,12 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Settings every relay session runs with, whatever the server's defaults say.
 ///
-/// - `synchronous_commit = off` (pooled sessions): marking rows delivered need not wait for the
-///   WAL flush. If PostgreSQL crashes, the last few hundred milliseconds of marks may be lost,
-///   and those rows are delivered again: harmless, deliveries are idempotent, and it spares a
-///   disk flush per batch. The dedicated session keeps it on: it records leadership and the
-///   lease, which a new leader must not find older than they were.
+/// - `synchronous_commit` on where the role or server turned it off (a stronger setting, such as
+///   `remote_apply`, stays): a row's mark is durable when its COMMIT returns, before any later
+///   row on its tuples is sent. With it off, a PostgreSQL crash lost the last marks, the grant's
+///   and then the revoke's, and the relay sent the grant again after OpenFGA had applied the
+///   revoke: the tuple passed through an earlier state again. The dedicated session records
+///   leadership and the lease, which a new leader must not find older than they were.
 /// - `idle_in_transaction_session_timeout`: each Write's transaction holds its rows' locks while
 ///   the Write is in flight, so a server-wide limit meant for applications (say 1 s) would end it
 ///   before a slow OpenFGA answers, and the Write would be sent again forever. The relay sets its
@@ -108,9 +109,11 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   row locks, and a wait for rows reads later commits, as READ COMMITTED does. A role or
 ///   database defaulting to SERIALIZABLE made every pass beside in-flight Writes fail with
 ///   serialization errors, and delivery crawl.
-/// - `statement_timeout = 0`, and `idle_session_timeout = 0` where it exists: the relay's
-///   statements are short, and waits on its own sessions are bounded by the relay itself (the
-///   heartbeat); a server-wide limit would end the idle LISTEN session of a standby.
+/// - `statement_timeout = 0`, and `idle_session_timeout = 0` and `transaction_timeout = 0` where
+///   they exist: the relay's statements are short, and waits on its own sessions are bounded by
+///   the relay itself (the heartbeat, `idle_in_transaction_session_timeout`); a server-wide limit
+///   would end the idle LISTEN session of a standby, and a transaction limit shorter than a
+///   Write every Write's transaction, sent again and again.
 /// - `client_encoding = SQL_ASCII` where the server's encoding is `SQL_ASCII` (text stored as
 ///   the bytes written, none checked): PostgreSQL checks such text against the client's encoding
 ///   before it sends it, so one payload that is not UTF-8 failed every read that reached it,
@@ -120,7 +123,7 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   (network cut, not closed) is noticed by PostgreSQL within about 20 s, even when the server
 ///   has data for it (a notification) that is never acknowledged. (Ignored on Unix sockets,
 ///   which cannot vanish that way.)
-fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
+fn session_setup(sessions: Sessions) -> String {
     let (idle_ms, seqscan, jit) = match sessions {
         Sessions::Delivery {
             idle_in_transaction,
@@ -129,7 +132,8 @@ fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
         Sessions::Commands => (0, "DEFAULT", "DEFAULT"),
     };
     format!(
-        "SET synchronous_commit = {}; \
+        "SELECT set_config('synchronous_commit', 'on', false) \
+          WHERE current_setting('synchronous_commit') = 'off'; \
          SET idle_in_transaction_session_timeout = {idle_ms}; SET statement_timeout = 0; \
          SET enable_seqscan = {seqscan}; SET jit = {jit}; \
          SET default_transaction_isolation = 'read committed'; \
@@ -139,9 +143,10 @@ fn session_setup(sessions: Sessions, synchronous_commit: bool) -> String {
           WHERE current_setting('server_version_num')::integer >= 120000; \
          SELECT set_config('idle_session_timeout', '0', false) \
           WHERE current_setting('server_version_num')::integer >= 140000; \
+         SELECT set_config('transaction_timeout', '0', false) \
+          WHERE current_setting('server_version_num')::integer >= 170000; \
          SELECT set_config('client_encoding', 'SQL_ASCII', false) \
           WHERE current_setting('server_encoding') = 'SQL_ASCII'",
-        if synchronous_commit { "on" } else { "off" },
         TCP_USER_TIMEOUT.as_millis()
     )
 }
@@ -264,7 +269,7 @@ pub fn pool(pg: PgConnect, size: usize) -> Pool {
 /// [`pool`], whose new connections go where `shared` says at the time.
 pub fn shared_pool(shared: &SharedPg, size: usize) -> Pool {
     let pg = shared.get();
-    let setup = session_setup(pg.sessions, false);
+    let setup = session_setup(pg.sessions);
     let manager = Manager::from_connect(
         pg.config,
         SharedConnect(shared.clone()),
@@ -297,12 +302,9 @@ pub async fn connect_dedicated(
     pg.config.connect(pg.tls.clone()).await
 }
 
-/// Runs the relay's session settings on a dedicated connection (durable commits: it records
-/// leadership).
+/// Runs the relay's session settings on a dedicated connection.
 pub async fn setup_session(pg: &PgConnect, client: &Client) -> Result<(), tokio_postgres::Error> {
-    client
-        .batch_execute(&session_setup(pg.sessions, true))
-        .await
+    client.batch_execute(&session_setup(pg.sessions)).await
 }
 
 /// A short description of a database error with its SQLSTATE, for logs and `last_error`.
