@@ -302,6 +302,27 @@ async fn a_rows_mark_survives_a_postgresql_crash_right_after_it() {
     );
 }
 
+/// A first row (`user:a viewer document:a`) and a row after it that writes `user:old viewer
+/// document:r` and deletes the first row's tuple; a relay started, and the first row's Write
+/// received and slowed, so that the row after it waits, read, until it is answered. Returns the
+/// two ids and the relay.
+async fn a_row_behind_a_slow_write(env: &Env) -> (i64, i64, RelayProc) {
+    let a = tk("user:a", "viewer", "document:a");
+    let first = env.insert(writes(std::slice::from_ref(&a))).await;
+    let changed = env
+        .insert(json!({"writes": [tk("user:old", "viewer", "document:r")], "deletes": [a]}))
+        .await;
+    env.fga
+        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
+            "user:a",
+            "viewer",
+            "document:a",
+        ));
+    let relay = env.start_relay().await;
+    wait_writes_received(&env.fga, 1).await;
+    (first, changed, relay)
+}
+
 /// Starts a relay with a row behind a slow first Write on its tuple (`user:a viewer
 /// document:a`), read with the first, and changes it to `now` while that Write is in flight,
 /// before its answer. The row as read wrote `user:old viewer document:r` and deleted the first
@@ -311,23 +332,8 @@ async fn change_a_row_while_the_write_before_it_flies(
     env: &Env,
     now: serde_json::Value,
 ) -> RelayProc {
-    let a = tk("user:a", "viewer", "document:a");
-    let first = env.insert(writes(std::slice::from_ref(&a))).await;
-    let changed = env
-        .insert(json!({
-            "writes": [tk("user:old", "viewer", "document:r")],
-            "deletes": [a],
-        }))
-        .await;
-    env.fga
-        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
-            "user:a",
-            "viewer",
-            "document:a",
-        ));
+    let (first, changed, relay) = a_row_behind_a_slow_write(env).await;
     let admin = env.db.connect().await;
-    let relay = env.start_relay().await;
-    wait_writes_received(&env.fga, 1).await;
     admin
         .execute(
             "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
@@ -370,20 +376,8 @@ async fn a_row_changed_after_it_was_read_is_sent_as_its_lock_sees_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_changed_to_bytes_that_are_not_text_before_its_lock_is_dead_lettered() {
     let env = Env::with(TestDb::start_encoded("SQL_ASCII"), Fga::start()).await;
-    let a = tk("user:a", "viewer", "document:a");
-    let first = env.insert(writes(std::slice::from_ref(&a))).await;
-    let changed = env
-        .insert(json!({"writes": [tk("user:old", "viewer", "document:r")], "deletes": [a]}))
-        .await;
-    env.fga
-        .push_fault(FaultRule::once(Fault::Delay(SLOW_WRITE)).when_tuple(
-            "user:a",
-            "viewer",
-            "document:a",
-        ));
+    let (first, changed, relay) = a_row_behind_a_slow_write(&env).await;
     let admin = env.db.connect().await;
-    let relay = env.start_relay().await;
-    wait_writes_received(&env.fga, 1).await;
     admin
         .execute(
             "UPDATE fga_outbox SET payload = ('{\"writes\": [{\"user\": \"user:' || chr(255) \
