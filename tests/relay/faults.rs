@@ -5,7 +5,7 @@
 
 use crate::common::fga::{Fault, FaultRule, Fga, Model};
 use crate::common::metrics::scrape;
-use crate::common::pg::PROMPTLY;
+use crate::common::pg::{PROMPTLY, PgOptions, TestDb};
 use crate::common::procs::peak_kb;
 use crate::common::relay::{
     Env, accepted_writes, assert_no_tuple_in_two_writes_in_flight, assert_success, deletes,
@@ -674,15 +674,17 @@ async fn a_read_only_server_is_left_for_a_writable_one() {
 /// With two servers in DATABASE_URL, the first read-only, the relay works on the writable one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_several_hosts_the_relay_picks_the_writable_one() {
-    let standby = crate::common::pg::TestDb::start();
+    // Two clusters of the test's own, whatever TEST_DATABASE_URL says: the relay's URL names
+    // both servers by their socket directories.
+    let standby = TestDb::start_with(PgOptions::default());
     let c = standby.connect().await;
     c.batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
         .await
         .unwrap();
     c.batch_execute("SELECT pg_reload_conf()").await.unwrap();
-    let env = Env::start().await;
+    let env = Env::with(TestDb::start_with(PgOptions::default()), Fga::start()).await;
     let (Some(a), Some(b)) = (standby.socket_dir(), env.db.socket_dir()) else {
-        return; // needs clusters of our own (not TEST_DATABASE_URL)
+        unreachable!("a cluster of the test's own has a socket directory");
     };
     let url = format!(
         "host={},{} port=5432,5432 user=postgres dbname=postgres",

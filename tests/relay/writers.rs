@@ -2,7 +2,7 @@
 //! test database: each inserts a business row and its outbox row in one transaction, and the
 //! relay delivers the row. Node and Python install their driver (npm `pg`, PyPI
 //! `psycopg[binary]`) into the target directory once; a language whose toolchain is not on the
-//! machine is skipped with a message.
+//! machine fails its test, naming what to install (`.ci/run` installs each where missing).
 //! docs/writing.md shows each example's marked part; a test checks it still does.
 
 use crate::common::relay::{Env, README_TUPLES};
