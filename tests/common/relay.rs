@@ -194,6 +194,18 @@ impl Env {
         .await;
     }
 
+    /// A session of the test's own holding row `id` (`FOR UPDATE`, in a transaction left open
+    /// until the client commits or is dropped), as an operator correcting it by hand would.
+    pub async fn hold_row(&self, id: i64) -> tokio_postgres::Client {
+        let holder = self.db.connect().await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder
+            .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&id])
+            .await
+            .unwrap();
+        holder
+    }
+
     /// The state of a row: (processed, dead, attempts, last_error).
     pub async fn row(&self, id: i64) -> RowState {
         let client = self.db.connect().await;

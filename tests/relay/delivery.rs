@@ -640,15 +640,7 @@ async fn writes_mark_their_rows_again_a_second_after_a_mark_waited_in_vain() {
     let held = env
         .insert(writes(&[tk("user:held", "viewer", "document:held")]))
         .await;
-    let holder = env.db.connect().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute(
-            "SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE",
-            &[&held],
-        )
-        .await
-        .unwrap();
+    let holder = env.hold_row(held).await;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (stop, db) = (stop.clone(), env.db.connect().await);

@@ -824,12 +824,7 @@ async fn a_row_another_session_held_is_delivered_without_the_sweep() {
     let id = env
         .insert(writes(&[tk("user:held", "viewer", "document:h")]))
         .await;
-    let holder = env.db.connect().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&id])
-        .await
-        .unwrap();
+    let holder = env.hold_row(id).await;
     let _relay = env.start_relay().await;
     let admin = env.db.connect().await;
     // The relay has passed over the row and gone to sleep: it holds the wake lock.

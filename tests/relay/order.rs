@@ -525,15 +525,7 @@ async fn retried_grant_another_session_holds(env: &Env) -> (i64, tokio_postgres:
         )
         .await
         .unwrap();
-    let holder = env.db.connect().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute(
-            "SELECT id FROM fga_outbox WHERE id = $1 FOR UPDATE",
-            &[&grant],
-        )
-        .await
-        .unwrap();
+    let holder = env.hold_row(grant).await;
     (grant, holder)
 }
 

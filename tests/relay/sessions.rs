@@ -64,12 +64,7 @@ async fn a_held_malformed_row_bars_the_configured_store(text: &str) {
     let bad = crate::common::relay::insert_text(&admin, text)
         .await
         .expect("insert a malformed row");
-    let holder = env.db.connect().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&bad])
-        .await
-        .unwrap();
+    let holder = env.hold_row(bad).await;
     let relay = env.spawn_relay(&[]);
     relay.wait_for_log("delivering (leader)").await;
     let grant = env

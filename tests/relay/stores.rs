@@ -1124,12 +1124,7 @@ async fn a_held_undecodable_row_naming_the_configured_stores_id_bars_its_rows_by
     let bad = insert_text(&admin, &json!({ "store_id": a, "writes": [] }).to_string())
         .await
         .unwrap();
-    let holder = env.db.connect().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute("SELECT 1 FROM fga_outbox WHERE id = $1 FOR UPDATE", &[&bad])
-        .await
-        .unwrap();
+    let holder = env.hold_row(bad).await;
     let relay = spawn_relay_by_name(&env, &[]);
     relay.wait_for_log(LOOKED).await;
     let anne = || vec![tk("user:anne", "viewer", "document:1")];
