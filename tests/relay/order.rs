@@ -36,6 +36,41 @@ async fn wait_writes_received(fga: &Fga, n: usize) {
     .await;
 }
 
+/// Makes the first UPDATE of an outbox row for which `when` holds (a condition on `OLD` and
+/// `NEW`) fail, as a database error would; the sequence `update_tries` counts the tries, outside
+/// any transaction.
+async fn fail_first_update(admin: &tokio_postgres::Client, when: &str) {
+    admin
+        .batch_execute(&format!(
+            "CREATE SEQUENCE update_tries;
+             CREATE FUNCTION fail_first_update() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF {when} AND nextval('update_tries') = 1 THEN
+                     RAISE EXCEPTION 'injected: the update of row % fails', NEW.id;
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_first_update BEFORE UPDATE ON fga_outbox
+                 FOR EACH ROW EXECUTE FUNCTION fail_first_update();"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The update [`fail_first_update`] fails was tried.
+async fn assert_update_failed(admin: &tokio_postgres::Client) {
+    let tries: i64 = admin
+        // A sequence never used also shows `last_value` 1: count only once it was called.
+        .query_one(
+            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM update_tries",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(tries >= 1, "the injected fault never fired");
+}
+
 /// On OpenFGA before 1.10 a row whose write OpenFGA already holds is finished by that answer,
 /// with no Write of its own to mark it. Its mark must land before a later row on its tuple is
 /// sent: here that mark fails once (a database error), and the relay must not send the later
@@ -49,35 +84,19 @@ async fn a_row_finished_by_already_exists_is_marked_before_its_tuple_moves_on() 
     let t = tk("user:anne", "viewer", "document:1");
     let first = env.insert(writes(std::slice::from_ref(&t))).await;
     let last = env.insert(deletes(std::slice::from_ref(&t))).await;
-    // The first mark of `first` fails: the sequence counts attempts outside any transaction.
+    // The first mark of `first` fails.
     let admin = env.db.connect().await;
-    admin
-        .batch_execute(&format!(
-            "CREATE SEQUENCE mark_attempts;
-             CREATE FUNCTION fail_first_mark() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN
-                 IF NEW.id = {first} AND OLD.processed_at IS NULL
-                    AND NEW.processed_at IS NOT NULL AND nextval('mark_attempts') = 1 THEN
-                     RAISE EXCEPTION 'injected: the mark of row {first} is lost';
-                 END IF;
-                 RETURN NEW;
-             END $$;
-             CREATE TRIGGER fail_first_mark BEFORE UPDATE ON fga_outbox
-                 FOR EACH ROW EXECUTE FUNCTION fail_first_mark();"
-        ))
-        .await
-        .unwrap();
+    fail_first_update(
+        &admin,
+        &format!("NEW.id = {first} AND OLD.processed_at IS NULL AND NEW.processed_at IS NOT NULL"),
+    )
+    .await;
     let relay = env.start_relay().await;
     wait_until(PROMPTLY, "both rows are delivered", || async {
         env.row(first).await.delivered && env.row(last).await.delivered
     })
     .await;
-    let attempts: i64 = admin
-        .query_one("SELECT last_value FROM mark_attempts", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(attempts >= 1, "the injected fault never fired");
+    assert_update_failed(&admin).await;
     assert!(
         !env.fga.has("user:anne", "viewer", "document:1"),
         "OpenFGA holds the tuple the outbox deleted last (applied: {:?}); relay log:\n{}",
@@ -185,24 +204,13 @@ async fn a_rejected_row_whose_dead_lettering_fails_keeps_its_tuple_blocked() {
         StoredTuple::new("user:anne", "viewer", object)
             .with_condition("non_expired", json!({"expires_at": "2020-01-01T00:00:00Z"})),
     );
-    // The first dead-lettering fails: the sequence counts attempts outside any transaction.
+    // The first dead-lettering fails.
     let admin = env.db.connect().await;
-    admin
-        .batch_execute(
-            "CREATE SEQUENCE dead_attempts;
-             CREATE FUNCTION fail_first_dead_letter() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN
-                 IF OLD.failed_at IS NULL AND NEW.failed_at IS NOT NULL
-                    AND nextval('dead_attempts') = 1 THEN
-                     RAISE EXCEPTION 'injected: the dead-lettering of row % fails', NEW.id;
-                 END IF;
-                 RETURN NEW;
-             END $$;
-             CREATE TRIGGER fail_first_dead_letter BEFORE UPDATE ON fga_outbox
-                 FOR EACH ROW EXECUTE FUNCTION fail_first_dead_letter();",
-        )
-        .await
-        .unwrap();
+    fail_first_update(
+        &admin,
+        "OLD.failed_at IS NULL AND NEW.failed_at IS NOT NULL",
+    )
+    .await;
     // In one transaction, read a page of two at a time: the rejected row's Write flies alone
     // (one Write in flight; the delete waits behind it), slowly, while the rows after it are
     // read and queued behind it: a read's worth more.
@@ -233,12 +241,7 @@ async fn a_rejected_row_whose_dead_lettering_fails_keeps_its_tuple_blocked() {
         (r.dead || r.delivered) && env.row(later).await.delivered
     })
     .await;
-    let attempts: i64 = admin
-        .query_one("SELECT last_value FROM dead_attempts", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(attempts >= 1, "the injected fault never fired");
+    assert_update_failed(&admin).await;
     let r = env.row(rejected).await;
     assert!(
         r.dead && !env.fga.has("user:anne", "viewer", object),
