@@ -152,10 +152,11 @@ pub(super) async fn build_relay(
         &format!("fga-relay {command}"),
         fga.request_timeout,
     )?);
-    // A connection for each Write in flight (it holds its rows' locks until the answer), and a
-    // few for bookkeeping, the metrics endpoint and `drain`'s counts.
+    // A connection for each Write in flight (it holds its rows' locks until the answer), the
+    // one more a full window holds for a store with none in flight, and a few for bookkeeping,
+    // the metrics endpoint and `drain`'s counts.
     let store = Store::new(
-        crate::db::shared_pool(&pg, delivery.max_in_flight + 3),
+        crate::db::shared_pool(&pg, delivery.max_in_flight + 4),
         db.table.clone(),
     );
     let table = match wait_for_db {

@@ -80,6 +80,9 @@ pub(super) struct Flight {
     pub(super) by_marking: bool,
     /// Its store's `Retry-After` gate.
     pub(super) gate: Gate,
+    /// When it was launched: its success shows that its store worked after a failure only if
+    /// it left after that failure was known.
+    pub(super) left: Instant,
 }
 
 impl Core {
@@ -284,7 +287,7 @@ impl Core {
     }
 
     /// A planned Write leaves: its rows and tuples are in flight until it lands.
-    pub(super) fn launch(&mut self, plan: Plan) -> Flight {
+    pub(super) fn launch(&mut self, plan: Plan, now: Instant) -> Flight {
         let keys: Vec<u64> = plan
             .rows
             .iter()
@@ -321,6 +324,7 @@ impl Core {
             complete,
             by_marking,
             gate,
+            left: now,
         }
     }
 

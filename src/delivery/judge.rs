@@ -5,11 +5,13 @@
 //!   so it holds the Write's store (its lane, see `lanes.rs`) and the rows of that Write are next
 //!   sent in Writes half as large.
 //!   When a smaller Write succeeds it was not an outage, and the halving finds the culprit.
-//! - Transient, for a row alone: its failure is compared with everyone's. If other Writes
-//!   succeeded since its previous failure and nearly all the other Writes of the last minute
-//!   succeeded (at least four, at most a quarter failed; Writes to its own store only), the
-//!   failure is the row's own, a *strike*: the row is held with its own backoff while the others
-//!   flow, and after `max_attempts` strikes it is dead-lettered. Otherwise the failure hits
+//! - Transient, for a row alone: its failure is compared with everyone's. If a Write that left
+//!   after its previous failure succeeded and nearly all the other Writes of the last minute
+//!   succeeded (at least four, at most a quarter failed; Writes to its own store only, not
+//!   counting those that failed carrying it), the failure is the row's own, a *strike*: the row
+//!   is held with its own backoff while the others flow, and after `max_attempts` strikes it is
+//!   dead-lettered, or later where some of the others failed too, once chance cannot explain
+//!   its failures (see [`BY_CHANCE`]). Otherwise the failure hits
 //!   other rows too (an outage, a flaky or overloaded server): its store is held, the row just
 //!   past that wait so that the others are tried first, and nothing counts toward
 //!   dead-lettering.
@@ -52,6 +54,11 @@ pub const OUTAGE_BACKOFF: Backoff =
 pub const CONFIG_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// Backoff of one row that keeps failing while others are delivered.
 pub const ROW_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+/// A row is given up on only once chance cannot explain its failures: where some of the other
+/// Writes to its store fail too (a flaky server, one bad replica behind a load balancer), a row
+/// failing that often in a row by chance alone, at their rate, would be rarer than this. With
+/// none of them failing it takes `--max-attempts`; with one in five failing, thirteen.
+const BY_CHANCE: f64 = 1e-9;
 
 impl Flight {
     /// The row an "already applied" answer finishes: the one whose only operation in this
@@ -82,6 +89,7 @@ impl Core {
     ) -> Effects {
         let mut fx = Effects::default();
         let finished = result.as_ref().err().and_then(|e| flight.finished_by(e));
+        let left = flight.left;
         let plan = flight.plan;
         if let Some(id) = finished {
             // The other rows are sent again without it.
@@ -100,7 +108,7 @@ impl Core {
         match result {
             Ok(()) => {
                 self.widen();
-                self.on_success(plan, now);
+                self.on_success(plan, now, left);
             }
             Err(e) => {
                 // OpenFGA struggling halves the window; one store failing leaves it to the
@@ -199,10 +207,9 @@ impl Core {
         }
     }
 
-    fn on_success(&mut self, plan: Plan, now: Instant) {
+    fn on_success(&mut self, plan: Plan, now: Instant, left: Instant) {
         let n_ops = plan.n_ops();
-        let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        self.lanes.note(false, alone, &plan.target, now);
+        self.lanes.note(false, &[], &plan.target, now, left);
         self.metrics.tuples_delivered.inc_by(n_ops as u64);
         let mut unfinished = Vec::new();
         for (c, idx) in plan.rows {
@@ -265,7 +272,7 @@ impl Core {
                     self.max_tuples = lower;
                     return self.requeue(plan.into_rows());
                 }
-                self.lanes.note(true, None, &plan.target, now);
+                self.lanes.note(true, &[], &plan.target, now, now);
                 self.outage(plan, &e, CONFIG_BACKOFF, now, fx);
             }
             WriteError::TooLarge { .. } => {
@@ -355,27 +362,28 @@ impl Core {
         now: Instant,
         fx: &mut Effects,
     ) {
-        let alone = (plan.rows.len() == 1).then(|| plan.rows[0].0.id);
-        let epoch = self.lanes.epoch(&plan.target);
-        self.lanes.note(true, alone, &plan.target, now);
+        let proven = self.lanes.proven(&plan.target);
+        self.lanes.note(true, &plan.ids(), &plan.target, now, now);
         if plan.rows.len() > 1 {
             let half = (plan.rows.len() / 2).max(1);
             for (c, _) in &plan.rows {
                 let m = self.memo.entry(c.id).or_default();
                 m.max_rows = Some(half);
-                m.failed_epoch = Some(epoch);
+                m.failed_at = Some(now);
             }
             self.outage(plan, e, schedule, now, fx);
             return;
         }
         let id = plan.rows[0].0.id;
-        let others_succeed = self.lanes.others_nearly_all_succeed(id, &plan.target, now);
+        let others_fail = self.lanes.others_nearly_all_succeed(id, &plan.target, now);
         let m = self.memo.entry(id).or_default();
-        // Other Writes to its store succeeded since this row last failed, and nearly all
+        // A Write to its store that left after this row last failed succeeded, and nearly all
         // Writes to its store but this row's do: the row, not OpenFGA, is the problem. A
-        // failure others share is no strike.
-        let strike = m.failed_epoch.is_some_and(|e| e != epoch) && others_succeed;
-        m.failed_epoch = Some(epoch);
+        // failure others share is no strike, nor is one that only Writes already on their way
+        // before it outlived (a store going down still answers the requests it holds).
+        let strike =
+            m.failed_at.is_some_and(|f| proven.is_some_and(|p| p > f)) && others_fail.is_some();
+        m.failed_at = Some(now);
         m.max_rows = Some(1);
         if !strike {
             // Held just past the wait of its store, so that the store's other rows go first:
@@ -402,9 +410,20 @@ impl Core {
         let Some((c, _)) = plan.rows.into_iter().next() else {
             return;
         };
-        if strikes >= self.settings.max_attempts {
+        let share = others_fail.unwrap_or(0.0);
+        // Its failures in a row: each strike, and the failure before the first.
+        if strikes >= self.settings.max_attempts && share.powi(strikes as i32 + 1) <= BY_CHANCE {
+            let others = match share > 0.0 {
+                true => format!(
+                    " ({:.0}% of the others failed too: that many failures in a row of one row \
+                     would be chance less than once in a billion)",
+                    share * 100.0
+                ),
+                false => String::new(),
+            };
             let reason = format!(
-                "gave up after {strikes} failed attempts while other rows were delivered: {e}"
+                "gave up after {strikes} failed attempts while other rows were delivered{others}: \
+                 {e}"
             );
             fx.give_up.push((c, reason));
             return;

@@ -8,16 +8,21 @@
 //!   OpenFGA fails for every store, every lane is held on its own backoff: the relay backs off
 //!   as a whole because every lane it tried failed, never because one store's rows came first.
 //! - A `Retry-After` (a 429's, or a 503's) pauses its own store.
-//! - A row's transient failure is its own (a *strike*) only when other Writes to its store
-//!   succeeded since its previous failure and nearly all of them succeed: the traffic of other
-//!   stores says nothing about this one, so an outage of one store is never a strike against
-//!   its rows.
+//! - A row's transient failure is its own (a *strike*) only when a Write to its store that
+//!   left after its previous failure succeeded, and nearly all of the store's Writes succeed:
+//!   the traffic of other stores says nothing about this one, so an outage of one store is
+//!   never a strike against its rows; nor are Writes that were already on their way when the
+//!   store went down and succeed a little later (a server that is going down still answers the
+//!   requests it holds).
 //! - The window of Writes in flight is the relay's, shared by every lane: it is halved on a
 //!   store's failure only when no other store's Write succeeded lately (OpenFGA as a whole
-//!   struggling), so that one failing store leaves the window to the others.
+//!   struggling), so that one failing store leaves the window to the others. When one store's
+//!   slow Writes fill it, it holds one Write more, for a store with none in flight
+//!   (`Core::plan_spare`).
 //!
-//! What is kept is bounded: the outcomes of the last minute (at most [`COMPARE_MAX`]), and a
-//! lane for each store seen lately (at most [`LANES_MAX`]).
+//! What is kept is bounded: the outcomes of the last minute (at most [`COMPARE_MAX`], a failed
+//! Write's with the ids of its rows), and a lane for each store seen lately (at most
+//! [`LANES_MAX`]).
 
 use super::write::Gate;
 use crate::backoff::Backoff;
@@ -50,8 +55,9 @@ const LANES_MAX: usize = 4096;
 struct Outcome {
     at: Instant,
     failed: bool,
-    /// The row, for a Write that carried one row alone: its own failures are not "others'".
-    alone: Option<i64>,
+    /// For a failure, the rows the Write carried: a row's own failures, alone or with others
+    /// (before halving found it out), are not "others'" when its failure is judged.
+    carried: Box<[i64]>,
     /// Its store (`None`: the configured one).
     store: Option<Arc<str>>,
 }
@@ -65,9 +71,9 @@ pub(super) struct Lane {
     held_until: Option<Instant>,
     /// OpenFGA's `Retry-After` for it: no Write of its leaves before.
     gate: Gate,
-    /// Counts its successful Writes: a row's failure counts as a strike only if this moved
-    /// since its previous failure.
-    pub(super) epoch: u64,
+    /// When the latest of its Writes that succeeded was launched: a row's failure counts as a
+    /// strike only if this is after its previous failure.
+    proven: Option<Instant>,
     /// Its Writes in flight.
     flying: usize,
 }
@@ -83,7 +89,7 @@ impl Lanes {
     fn lane(&mut self, target: &Target) -> &mut Lane {
         if self.lanes.len() >= LANES_MAX && !self.lanes.contains_key(&target.store) {
             let now = Instant::now();
-            // Forgotten: lanes neither held nor paused by OpenFGA (their epochs start again).
+            // Forgotten: lanes neither held nor paused by OpenFGA (what proved them working too).
             self.lanes
                 .retain(|_, l| l.held_until.is_some_and(|t| t > now) || l.gate.is_closed());
         }
@@ -114,21 +120,34 @@ impl Lanes {
             .is_some_and(|l| l.streak > 0 && l.flying >= limit.max(1))
     }
 
+    /// How many Writes of `store` (`None`: the configured one) are in flight.
+    pub(super) fn flying_of(&self, store: &Option<Arc<str>>) -> usize {
+        self.lanes.get(store).map_or(0, |l| l.flying)
+    }
+
     /// Whether `target`'s store was working (its last Write did not fail).
     pub(super) fn working(&self, target: &Target) -> bool {
         self.lanes.get(&target.store).is_none_or(|l| l.streak == 0)
     }
 
-    /// Its store's success counter.
-    pub(super) fn epoch(&mut self, target: &Target) -> u64 {
-        self.lane(target).epoch
+    /// When the latest Write to `target`'s store that succeeded was launched.
+    pub(super) fn proven(&self, target: &Target) -> Option<Instant> {
+        self.lanes.get(&target.store).and_then(|l| l.proven)
     }
 
     /// Records a Write's outcome. A success ends its store's backoff, but not a `Retry-After`
     /// OpenFGA asked for meanwhile (a Write that left before it can land after it): its rows
     /// stay held until the gate opens, or they would be planned, turned back at the gate, and
     /// planned again, round and round until then.
-    pub(super) fn note(&mut self, failed: bool, alone: Option<i64>, target: &Target, now: Instant) {
+    /// `carried`: the rows of a failed Write; `left`: when the Write was launched.
+    pub(super) fn note(
+        &mut self,
+        failed: bool,
+        carried: &[i64],
+        target: &Target,
+        now: Instant,
+        left: Instant,
+    ) {
         while self.recent.len() >= COMPARE_MAX
             || self
                 .recent
@@ -140,23 +159,33 @@ impl Lanes {
         self.recent.push_back(Outcome {
             at: now,
             failed,
-            alone,
+            carried: if failed {
+                carried.into()
+            } else {
+                Box::default()
+            },
             store: target.store.clone(),
         });
         if !failed {
             let lane = self.lane(target);
-            lane.epoch += 1;
+            lane.proven = Some(lane.proven.map_or(left, |t| t.max(left)));
             lane.streak = 0;
             lane.held_until = lane.gate.until();
         }
     }
 
-    /// Whether the recent Writes to `target`'s store that did not carry row `id` alone nearly
-    /// all succeeded: then a failure of that row is its own, not one that hits its store.
-    pub(super) fn others_nearly_all_succeed(&self, id: i64, target: &Target, now: Instant) -> bool {
+    /// Whether the recent Writes to `target`'s store that did not fail carrying row `id` nearly
+    /// all succeeded: then a failure of that row is its own, not one that hits its store. Says
+    /// what share of them failed, as the odds that any one Write fails by chance.
+    pub(super) fn others_nearly_all_succeed(
+        &self,
+        id: i64,
+        target: &Target,
+        now: Instant,
+    ) -> Option<f64> {
         let (mut ok, mut failed) = (0usize, 0usize);
         for o in &self.recent {
-            if o.alone == Some(id)
+            if o.carried.contains(&id)
                 || o.store != target.store
                 || now.duration_since(o.at) > COMPARE_WINDOW
             {
@@ -168,7 +197,8 @@ impl Lanes {
                 ok += 1;
             }
         }
-        ok >= COMPARE_MIN_OK && failed * COMPARE_SHARE <= ok + failed
+        (ok >= COMPARE_MIN_OK && failed * COMPARE_SHARE <= ok + failed)
+            .then(|| failed as f64 / (ok + failed) as f64)
     }
 
     /// Whether a Write to another store than `target`'s succeeded within [`OTHERS_WINDOW`]:

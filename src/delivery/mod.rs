@@ -53,8 +53,8 @@ struct Memo {
     /// For a row sent in parts: the most operations a part may carry (halved while OpenFGA
     /// finds a part too large).
     max_part: Option<usize>,
-    /// Its lane's success counter when this row last failed transiently.
-    failed_epoch: Option<u64>,
+    /// When this row last failed transiently (the answer known).
+    failed_at: Option<Instant>,
     /// Transient failures alone while other rows of its store were delivered.
     strikes: u32,
     /// Held back until then.

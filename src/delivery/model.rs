@@ -487,11 +487,15 @@ impl World {
                 self.admit(id);
             }
         }
-        while self.flights.len() < self.core.window() {
-            let Some(plan) = self.core.plan(now) else {
+        while self.flights.len() <= self.core.window() {
+            let plan = match self.flights.len() < self.core.window() {
+                true => self.core.plan(now),
+                false => self.core.plan_spare(now),
+            };
+            let Some(plan) = plan else {
                 break;
             };
-            let flight = self.core.launch(plan);
+            let flight = self.core.launch(plan, now);
             self.ticks += 1;
             let tick = self.ticks;
             for id in flight.plan.ids() {

@@ -37,6 +37,7 @@
 
 use super::Deliverer;
 use super::core::Core;
+use super::lanes::Lanes;
 use crate::openfga::Target;
 use crate::payload::{Op, TupleKey};
 use crate::store::{Noted, StoreError};
@@ -123,6 +124,12 @@ struct Scan {
     stuck: usize,
     /// When the first of them may.
     due: Option<Instant>,
+    /// Planning the Write the window holds beyond its size: only a store with no Write in
+    /// flight may have it (see [`Core::plan_spare`]).
+    spare: bool,
+    /// The store of the last row looked at, and whether it had Writes in flight: rows come in
+    /// runs of one store.
+    last_store: Option<(Option<Arc<str>>, bool)>,
 }
 
 impl Scan {
@@ -135,6 +142,19 @@ impl Scan {
 
     fn due_at(&mut self, at: Instant) {
         self.due = Some(self.due.map_or(at, |d| d.min(at)));
+    }
+
+    /// Whether the store of row `c` has Writes in flight.
+    fn busy(&mut self, lanes: &Lanes, c: &Candidate) -> bool {
+        let store = &c.target.store;
+        if let Some((last, busy)) = &self.last_store
+            && last == store
+        {
+            return *busy;
+        }
+        let busy = lanes.flying_of(store) > 0;
+        self.last_store = Some((store.clone(), busy));
+        busy
     }
 }
 
@@ -194,6 +214,12 @@ impl Core {
     /// store's hold), its store failing with its share of the window in flight, or on a tuple
     /// of a Write in flight or of an earlier row left waiting.
     fn passed_over(&self, c: &Candidate, now: Instant, scan: &mut Scan) -> bool {
+        if scan.spare && !c.malformed && !scan.all_barred && scan.busy(&self.lanes, c) {
+            // Its store has Writes in flight: its rows wait for a slot of the window proper,
+            // and are not stuck for it. Their tuples hold back no other store's (a tuple's key
+            // is its store's), so they are passed over at the cost of a comparison.
+            return true;
+        }
         let retry_at = self.memo.get(&c.id).and_then(|m| m.retry_at);
         if c.malformed || scan.all_barred || scan.barred.contains(&c.target.store) {
             scan.barred.insert(c.target.store.clone());
@@ -240,8 +266,33 @@ impl Core {
     /// tuples waits behind them. Rows with nothing left to send are set aside to be marked.
     /// Counts the rows that cannot go now in `stuck`, and notes when the first may.
     pub(super) fn plan(&mut self, now: Instant) -> Option<Plan> {
+        self.plan_with(now, Scan::default())
+    }
+
+    /// The Write that may go while the window is full: one of a store with no Write in flight.
+    /// A store whose Writes are slow (or hang until they time out) fills the window as long as
+    /// it is the only one with rows; a row of another store, committed meanwhile, then goes at
+    /// once in this one more Write rather than wait for a slot, so that one store's slow Writes
+    /// never hold up another's rows. One at a time: the window holds at most one Write more
+    /// than its size, whatever the number of stores.
+    pub(super) fn plan_spare(&mut self, now: Instant) -> Option<Plan> {
+        // Planned at every landing while the window is full: the rows of stores with Writes
+        // in flight, nearly all of the queue then, cost a comparison each (see `Scan::busy`).
+        let stuck = self.stuck;
+        let plan = self.plan_with(
+            now,
+            Scan {
+                spare: true,
+                ..Scan::default()
+            },
+        );
+        // What cannot go in the window proper was counted by its own planning.
+        self.stuck = stuck;
+        plan
+    }
+
+    fn plan_with(&mut self, now: Instant, mut scan: Scan) -> Option<Plan> {
         let mut draft = Draft::default();
-        let mut scan = Scan::default();
         let ids: Vec<i64> = self.queue.keys().copied().collect();
         for id in ids {
             let Some(c) = self.queue.get(&id) else {

@@ -24,6 +24,13 @@ fn poll(linger: Duration) -> Duration {
     linger.max(Duration::from_millis(1))
 }
 
+/// A full window none of whose Writes landed for this long is held by slow Writes (a store
+/// whose Writes are slow, or hang): the stream then waits as with room, holding the wake lock,
+/// so that a row of another store committed meanwhile is read at once and goes in the Write a
+/// full window holds for a store with none in flight (`Core::plan_spare`). A window full of
+/// Writes that land every few milliseconds reads as they land, and writers need not notify.
+const STALLED: Duration = Duration::from_millis(250);
+
 /// What one call of the stream keeps.
 pub(super) struct Turn<'a> {
     pub(super) crew: Crew,
@@ -47,6 +54,8 @@ pub(super) struct Turn<'a> {
     poll_at: Option<Instant>,
     /// The sweep woke the stream: what the next read finds, no notification announced.
     swept: bool,
+    /// When a Write last landed or left (see [`STALLED`]).
+    moved_at: Instant,
 }
 
 impl<'a> Turn<'a> {
@@ -77,6 +86,7 @@ impl<'a> Turn<'a> {
             linger_until: None,
             poll_at: None,
             swept: false,
+            moved_at: Instant::now(),
         }
     }
 
@@ -200,8 +210,13 @@ impl Deliverer {
         self.core.due = None;
         self.core.stuck = 0;
         self.holds_due(Instant::now());
-        while turn.launching && turn.flights.len() < self.core.window() {
-            let Some(plan) = self.core.plan(Instant::now()) else {
+        while turn.launching && turn.flights.len() <= self.core.window() {
+            let plan = match turn.flights.len() < self.core.window() {
+                true => self.core.plan(Instant::now()),
+                // The window is full: one more Write, of a store with none in flight.
+                false => self.core.plan_spare(Instant::now()),
+            };
+            let Some(plan) = plan else {
                 break;
             };
             if self.wants_more_of(&plan) {
@@ -233,11 +248,12 @@ impl Deliverer {
                 }
                 None => None,
             };
-            let flight = self.core.launch(plan);
+            let flight = self.core.launch(plan, Instant::now());
             if turn.flights.is_empty() {
                 self.progress.mark();
             }
             turn.flights.spawn(flight.fly(turn.crew.clone(), locked));
+            turn.moved_at = Instant::now();
             self.core
                 .metrics
                 .writes_in_flight
@@ -286,7 +302,7 @@ impl Deliverer {
     /// busy. Returns false when the stream is not to wait now (it took the lock and reads once
     /// more: a writer that skipped NOTIFY has committed by then; or it failed).
     async fn listen_or_poll(&mut self, turn: &mut Turn<'_>, controls: &Controls<'_>) -> bool {
-        let room = turn.flights.len() < self.core.window();
+        let room = self.has_room(turn);
         if let Mode::Forever { bell, .. } = &controls.mode {
             if turn.listening && (self.want_read || !room || self.rapid) {
                 // Busy, or rows come fast: it reads anyway, so writers need not notify.
@@ -321,6 +337,13 @@ impl Deliverer {
             }
         }
         true
+    }
+
+    /// Whether the window has room for a Write: below its size, or full of Writes none of which
+    /// moved for [`STALLED`] and without the one more it holds for a store with none in flight.
+    fn has_room(&self, turn: &Turn<'_>) -> bool {
+        let (n, window) = (turn.flights.len(), self.core.window());
+        n < window || (n == window && turn.moved_at.elapsed() >= STALLED)
     }
 
     /// Waits for the next thing to happen: a Write's answer or its question, a notification
@@ -366,6 +389,7 @@ impl Deliverer {
                 let _ = reply.send(go);
             }
             Some(joined) = turn.flights.join_next(), if !turn.flights.is_empty() => {
+                turn.moved_at = Instant::now();
                 self.core.metrics.writes_in_flight.set(turn.flights.len() as i64);
                 match joined {
                     Ok((flight, answer)) => {
@@ -401,6 +425,10 @@ impl Deliverer {
             turn.linger_until,
             turn.listen_at,
             turn.poll_at,
+            // A full window looked at again once it stalls.
+            (turn.flights.len() == self.core.window() && !turn.listening)
+                .then(|| turn.moved_at + STALLED)
+                .filter(|at| *at > Instant::now()),
         ]
         .into_iter()
         .flatten()

@@ -26,14 +26,16 @@ pub struct DeliveryArgs {
     #[arg(long, env = "FGA_RELAY_LEADER_LEASE", default_value = DEFAULT_LEADER_LEASE)]
     pub leader_lease: String,
     /// Strikes after which a row failing transiently is dead-lettered: failures of the row alone
-    /// while nearly all other Writes succeed (an outage or throttling is never a strike).
+    /// while nearly all other Writes to its store succeed (an outage or throttling is never a
+    /// strike); more where some of those fail too, until chance would not explain them.
     #[arg(long, env = "FGA_RELAY_MAX_ATTEMPTS", default_value = DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: String,
     /// Rows read at a time to plan Writes.
     #[arg(long, env = "FGA_RELAY_BATCH_SIZE", default_value = DEFAULT_BATCH_SIZE)]
     pub batch_size: String,
-    /// Writes in flight at once, at most, each on tuples no other in-flight Write touches. The
-    /// relay halves its window on 429, 5xx and timeouts and grows it back while Writes succeed.
+    /// Writes in flight at once, at most, each on tuples no other in-flight Write touches, and
+    /// one more for a store with none in flight. The relay halves its window on 429, 5xx and
+    /// timeouts and grows it back while Writes succeed.
     #[arg(long, env = "FGA_RELAY_MAX_IN_FLIGHT", default_value = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: String,
     /// While rows keep coming, wait this long between passes so that more of them go in each

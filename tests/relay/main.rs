@@ -11,6 +11,7 @@ mod delivery;
 mod deploy;
 mod failover;
 mod faults;
+mod lanes;
 mod leadership;
 mod libpq;
 mod listen;
