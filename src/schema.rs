@@ -46,6 +46,10 @@ pub const FILES: &[(&str, &str)] = &[
         "0010_unnamed_index.sql",
         include_str!("../sql/schema/0010_unnamed_index.sql"),
     ),
+    (
+        "0011_retried_index.sql",
+        include_str!("../sql/schema/0011_retried_index.sql"),
+    ),
 ];
 
 /// The schema's version: the number of its parts. `migrate` records it in
@@ -409,6 +413,7 @@ mod tests {
         assert!(sql.contains("acl_outbox_claim_idx"));
         assert!(sql.contains("acl_outbox_store_idx"));
         assert!(sql.contains("acl_outbox_unnamed_idx"));
+        assert!(sql.contains("acl_outbox_retried_idx"));
         assert!(sql.contains("FUNCTION acl_outbox_wait(ids bigint[]"));
         assert!(sql.contains("FUNCTION acl_outbox_schema_version()"));
         assert!(sql.contains(&format!("AS 'SELECT {VERSION}'")));

@@ -59,6 +59,15 @@ pub struct StatusCounts {
     pub last_vacuum_age_seconds: Option<f64>,
 }
 
+/// What one batch of `prune` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PruneBatch {
+    pub deleted: u64,
+    /// The first row delivered out of id order (it came back from dead) that prune keeps: no
+    /// row from it up is deleted. None when there is none.
+    pub kept_from: Option<i64>,
+}
+
 /// One store's rows not yet delivered, as `status --json` lists them.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct StoreCounts {
@@ -571,18 +580,23 @@ impl Store {
         Ok(out)
     }
 
-    /// Deletes one batch of delivered rows older than `cutoff` (of every store, or of `store`);
-    /// returns how many.
+    /// Deletes one batch of delivered rows older than `cutoff` (of every store, or of `store`),
+    /// below the first row delivered out of id order that is kept (prune.sql).
     pub async fn prune_batch(
         &self,
         cutoff: SystemTime,
         batch: i64,
         store: Option<&str>,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<PruneBatch, StoreError> {
         let client = self.pool.get().await?;
-        Ok(client
-            .execute(&self.q.prune, &[&cutoff, &batch, &store])
-            .await?)
+        let row = client
+            .query_one(&self.q.prune, &[&cutoff, &batch, &store])
+            .await?;
+        let deleted: i64 = row.try_get(0)?;
+        Ok(PruneBatch {
+            deleted: u64::try_from(deleted).unwrap_or(0),
+            kept_from: row.try_get(1)?,
+        })
     }
 
     /// Pending and dead rows per store (status_stores.sql), the most pending first.

@@ -44,17 +44,27 @@ impl Prune {
             .ok_or_else(|| ConfigError::new("--older-than", "is too long"))?;
         let store = open_store(&db.settings()?, "fga-relay prune").await?;
         let mut total = 0u64;
-        loop {
-            let n = store
+        let kept_from = loop {
+            let batch = store
                 .prune_batch(cutoff, PRUNE_BATCH, only.as_deref())
                 .await?;
-            total += n;
-            if n < PRUNE_BATCH as u64 {
-                break;
+            total += batch.deleted;
+            if batch.deleted < PRUNE_BATCH as u64 {
+                break batch.kept_from;
             }
-        }
-        info!(rows = total, older_than = %older_than, "pruned delivered rows");
+        };
+        info!(rows = total, older_than = %older_than, kept_from, "pruned delivered rows");
         output::line(format_args!("{total} delivered row(s) deleted"));
+        if let Some(id) = kept_from {
+            // Rows older than the cutoff may remain: say why, and when they go, so that nobody
+            // deletes them by hand (which would let `reconcile --repair` replay a skipped grant).
+            output::line(format_args!(
+                "kept every row from id {id} up: row {id} was dead and is pending again or was \
+                 delivered after the cutoff, out of id order, and `reconcile` needs the later \
+                 rows on its tuples; they are pruned once row {id} is delivered and older than \
+                 --older-than"
+            ));
+        }
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -705,12 +705,12 @@ async fn migrate_says_what_it_created_or_changed() {
     let out = migrate();
     assert!(
         out.contains("created table fga_outbox with every part of the schema (0001_outbox, ")
-            && out.contains("0010_unnamed_index)"),
+            && out.contains("0011_retried_index)"),
         "{out}"
     );
     let current = migrate();
     assert!(
-        current.contains("schema is current (version 10): nothing to change"),
+        current.contains("schema is current (version 11): nothing to change"),
         "{current}"
     );
     let admin = db.connect().await;
@@ -726,8 +726,8 @@ async fn migrate_says_what_it_created_or_changed() {
     assert!(
         out.contains("installed the trigger fga_outbox_notify")
             && out.contains(
-                "upgraded the schema from version 7 to 10: applied 0008_retried, \
-                 0009_store_index, 0010_unnamed_index"
+                "upgraded the schema from version 7 to 11: applied 0008_retried, \
+                 0009_store_index, 0010_unnamed_index, 0011_retried_index"
             ),
         "{out}"
     );
@@ -742,7 +742,7 @@ async fn migrate_says_what_it_created_or_changed() {
     let out = migrate();
     assert!(
         out.contains("added the missing columns of fga_outbox")
-            && out.contains("recorded schema version 10"),
+            && out.contains("recorded schema version 11"),
         "{out}"
     );
     assert!(migrate().contains("nothing to change"));

@@ -322,6 +322,120 @@ async fn since_checks_only_the_tuples_of_recent_rows() {
     assert_eq!(none.json()["tuples"], 0);
 }
 
+/// A dead grant retried after a later revoke of its tuple was delivered (the relay skips the
+/// grant as superseded and marks the row delivered, now), and a dead grant marked delivered by
+/// hand over its dead letter: both rows are delivered after the revokes, out of id order. Prune
+/// takes rows by age, so it would delete the revokes and keep the grants, which `reconcile`
+/// would then read as the tuples' last operations (missing), and `--repair` would grant again
+/// what was revoked. Prune keeps every row from the first such row up, until that row is old
+/// enough to go itself; the rows below it go as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_keeps_the_rows_a_retried_row_was_skipped_for_so_repair_revives_no_revoked_grant() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let age = |id: i64| {
+        let admin = &admin;
+        async move {
+            admin
+                .execute(
+                    "UPDATE fga_outbox SET processed_at = now() - interval '100 days' \
+                     WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let count = || async {
+        admin
+            .query_one("SELECT count(*) FROM fga_outbox", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let prune = || {
+        let out = env
+            .command(&["prune", "--older-than", "90d"])
+            .output()
+            .unwrap();
+        assert_success(&out, "prune");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let carl = env
+        .insert(writes(&[tk("user:carl", "viewer", "document:3")]))
+        .await;
+    let anne = || tk("user:anne", "viewer", "document:1");
+    let bob = || tk("user:bob", "viewer", "document:2");
+    let anne_grant = env.insert(writes(&[anne()])).await;
+    let bob_grant = env.insert(writes(&[bob()])).await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'rejected' \
+             WHERE id = ANY($1)",
+            &[&vec![anne_grant, bob_grant]],
+        )
+        .await
+        .unwrap();
+    let anne_revoke = env.insert(deletes(&[anne()])).await;
+    let bob_revoke = env.insert(deletes(&[bob()])).await;
+    drain(&env);
+    assert_success(
+        &env.command(&["retry", &anne_grant.to_string()])
+            .output()
+            .unwrap(),
+        "retry",
+    );
+    drain(&env);
+    let retried = env.row(anne_grant).await;
+    assert!(
+        retried.delivered
+            && retried
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("superseded")),
+        "the retried grant is skipped and marked delivered: {retried:?}"
+    );
+    admin
+        .execute(
+            "UPDATE fga_outbox SET processed_at = now() WHERE id = $1",
+            &[&bob_grant],
+        )
+        .await
+        .unwrap();
+    for id in [carl, anne_revoke, bob_revoke] {
+        age(id).await;
+    }
+
+    let out = prune();
+    let o = reconcile(&env, &["--repair", "--json"]);
+    drain(&env);
+    for (user, object) in [("user:anne", "document:1"), ("user:bob", "document:2")] {
+        assert!(
+            !env.fga.has(user, "viewer", object),
+            "reconcile --repair granted {user} again; prune said:\n{out}\nreconcile said:\n{}",
+            o.stdout
+        );
+    }
+    expect_code(&o, 0, "after prune");
+    assert_eq!(o.json()["drift"], 0, "{}", o.stdout);
+    assert!(
+        out.contains("1 delivered row(s) deleted")
+            && out.contains(&format!("kept every row from id {anne_grant} up")),
+        "{out}"
+    );
+    assert_eq!(count().await, 4, "only the row below the retried one goes");
+
+    // Once the grants are as old as the revokes, all of them go.
+    age(anne_grant).await;
+    age(bob_grant).await;
+    let out = prune();
+    assert!(
+        out.contains("4 delivered row(s) deleted") && !out.contains("kept"),
+        "{out}"
+    );
+    assert_eq!(count().await, 0);
+}
+
 /// Tuples the application wrote to OpenFGA directly are not the outbox's to judge: counted, and
 /// listed with `--all`, but not drift.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
