@@ -577,6 +577,91 @@ async fn status_and_retry_dry_run_show_why_rows_are_dead() {
     );
 }
 
+/// A dead row an operator marked delivered by hand, leaving `failed_at` set, is delivered to every
+/// count: `status` (text and `--json`), its reasons, `retry --dead --dry-run`, `retry` of its id,
+/// and the relay's `fga_relay_dead_rows` agree that only the other dead row is dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_row_marked_delivered_by_hand_counts_as_delivered_everywhere() {
+    let env = Env::start().await;
+    let fixed = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let dead = env
+        .insert(writes(&[tk("user:bob", "viewer", "document:1")]))
+        .await;
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'OpenFGA refused it: test' \
+             WHERE id = ANY($1)",
+            &[&vec![fixed, dead]],
+        )
+        .await
+        .unwrap();
+    admin
+        .execute(
+            "UPDATE fga_outbox SET processed_at = now() WHERE id = $1",
+            &[&fixed],
+        )
+        .await
+        .unwrap();
+
+    let out = env.command(&["status", "--json"]).output().unwrap();
+    assert_success(&out, "status --json");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&doc["dead"], &doc["delivered"], &doc["pending"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(1),
+            &serde_json::json!(0)
+        ),
+        "{doc}"
+    );
+    let by_reason: i64 = doc["dead_by_reason"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rows"].as_i64().unwrap())
+        .sum();
+    assert_eq!(by_reason, 1, "{doc}");
+    let newest: Vec<i64> = doc["newest_dead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(newest, [dead], "{doc}");
+    let out = env.command(&["status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("dead       1"), "{text}");
+
+    let out = env
+        .command(&["retry", "--dead", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_success(&out, "retry --dead --dry-run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("row {dead}: dead")) && !text.contains(&format!("row {fixed}:")),
+        "{text}"
+    );
+    let out = env
+        .command(&["retry", &fixed.to_string(), "--dry-run"])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("delivered, not dead"), "{said}");
+
+    let (_relay, base) = env.spawn_relay_with_endpoint(&[]).await;
+    let m = crate::common::metrics::scrape(&base).await;
+    assert_eq!(m["fga_relay_dead_rows"], 1.0, "{m:?}");
+}
+
 /// `retry` says why it left each id it was given as it is: no such row, delivered, pending, or
 /// dead but of another store than `--store`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
