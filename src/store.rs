@@ -587,10 +587,11 @@ impl Store {
         cutoff: SystemTime,
         batch: i64,
         store: Option<&str>,
+        configured: Option<&str>,
     ) -> Result<PruneBatch, StoreError> {
         let client = self.pool.get().await?;
         let row = client
-            .query_one(&self.q.prune, &[&cutoff, &batch, &store])
+            .query_one(&self.q.prune, &[&cutoff, &batch, &store, &configured])
             .await?;
         let deleted: i64 = row.try_get(0)?;
         Ok(PruneBatch {

@@ -24,6 +24,11 @@ pub struct Prune {
     /// no store (they go to the relay's configured store).
     #[arg(long)]
     store: Option<String>,
+    /// The relay's configured store, as `run` takes it: rows naming none and rows naming this id
+    /// are one store for what prune keeps below a retried row. Without it, the rows naming none
+    /// are kept with every store's.
+    #[arg(long = "store-id", env = "FGA_STORE_ID", value_name = "ID")]
+    configured: Option<String>,
 }
 
 impl Prune {
@@ -32,6 +37,7 @@ impl Prune {
             db,
             older_than,
             store: only,
+            configured,
         } = self;
         let age = config::parse_duration("--older-than", &older_than)?;
         let only = only
@@ -46,7 +52,7 @@ impl Prune {
         let mut total = 0u64;
         let kept_from = loop {
             let batch = store
-                .prune_batch(cutoff, PRUNE_BATCH, only.as_deref())
+                .prune_batch(cutoff, PRUNE_BATCH, only.as_deref(), configured.as_deref())
                 .await?;
             total += batch.deleted;
             if batch.deleted < PRUNE_BATCH as u64 {
@@ -59,10 +65,11 @@ impl Prune {
             // Rows older than the cutoff may remain: say why, and when they go, so that nobody
             // deletes them by hand (which would let `reconcile --repair` replay a skipped grant).
             output::line(format_args!(
-                "kept every row from id {id} up: row {id} was dead and is pending again or was \
-                 delivered after the cutoff, out of id order, and `reconcile` needs the later \
-                 rows on its tuples; they are pruned once row {id} is delivered and older than \
-                 --older-than"
+                "kept its store's rows from id {id} up (and the rows naming none, unless \
+                 FGA_STORE_ID or --store-id names another store): row {id} was dead and is \
+                 pending again or was delivered after the cutoff, out of id order, and \
+                 `reconcile` needs the later rows on its tuples; they are pruned once row {id} \
+                 is delivered and older than --older-than"
             ));
         }
         Ok(ExitCode::SUCCESS)
