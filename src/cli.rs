@@ -136,6 +136,10 @@ pub fn main() -> ExitCode {
             crate::telemetry::error_line(&format!("{e:#}"));
             ExitCode::from(1)
         }
+        Err(Failure::LockWait(e)) => {
+            crate::telemetry::error_line(&e);
+            ExitCode::from(1)
+        }
     }
 }
 

@@ -75,6 +75,13 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// minutes; with this, a dead peer becomes an error in about 20 s either way.
 pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How long a command's statement waits for a lock another session holds (a row an operator
+/// holds `FOR UPDATE`, a table under `LOCK`) before it fails with 55P03: the commands' sessions
+/// run with no statement timeout, and such a wait otherwise lasted, silently, as long as the
+/// other session's transaction. Long enough for the relay's own Writes, which hold their rows
+/// for a request at most, to end first.
+pub const COMMAND_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Settings every relay session runs with, whatever the server's defaults say.
 ///
 /// - `synchronous_commit` on where the role or server turned it off (a stronger setting, such as
@@ -114,6 +121,10 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   the relay itself (the heartbeat, `idle_in_transaction_session_timeout`); a server-wide limit
 ///   would end the idle LISTEN session of a standby, and a transaction limit shorter than a
 ///   Write every Write's transaction, sent again and again.
+/// - `lock_timeout` ([`COMMAND_LOCK_TIMEOUT`]) for the commands that do not deliver: with no
+///   statement timeout, a lock another session holds stopped them without a word for as long as
+///   it was held. Not for delivering sessions, which bound their own waits where they wait
+///   (`SET LOCAL lock_timeout`, the heartbeat).
 /// - `client_encoding = SQL_ASCII` where the server's encoding is `SQL_ASCII` (text stored as
 ///   the bytes written, none checked): PostgreSQL checks such text against the client's encoding
 ///   before it sends it, so one payload that is not UTF-8 failed every read that reached it,
@@ -124,17 +135,18 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 ///   has data for it (a notification) that is never acknowledged. (Ignored on Unix sockets,
 ///   which cannot vanish that way.)
 fn session_setup(sessions: Sessions) -> String {
-    let (idle_ms, seqscan, jit) = match sessions {
+    let (idle_ms, seqscan, jit, lock_wait) = match sessions {
         Sessions::Delivery {
             idle_in_transaction,
-        } => (idle_in_transaction.as_millis(), "off", "off"),
+        } => (idle_in_transaction.as_millis(), "off", "off", String::new()),
         // Whatever the role or database says.
-        Sessions::Commands => (0, "DEFAULT", "DEFAULT"),
+        Sessions::Commands => (0, "DEFAULT", "DEFAULT", bound_lock_waits_sql()),
     };
     format!(
         "SELECT set_config('synchronous_commit', 'on', false) \
           WHERE current_setting('synchronous_commit') = 'off'; \
          SET idle_in_transaction_session_timeout = {idle_ms}; SET statement_timeout = 0; \
+         {lock_wait}\
          SET enable_seqscan = {seqscan}; SET jit = {jit}; \
          SET default_transaction_isolation = 'read committed'; \
          SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 5; \
@@ -149,6 +161,21 @@ fn session_setup(sessions: Sessions) -> String {
           WHERE current_setting('server_encoding') = 'SQL_ASCII'",
         TCP_USER_TIMEOUT.as_millis()
     )
+}
+
+fn bound_lock_waits_sql() -> String {
+    format!("SET lock_timeout = {}; ", COMMAND_LOCK_TIMEOUT.as_millis())
+}
+
+/// Bounds a command's waits for locks on a connection of its own, which runs without the
+/// session settings (`migrate`, `check`): see [`COMMAND_LOCK_TIMEOUT`].
+pub async fn bound_lock_waits(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute(&bound_lock_waits_sql()).await
+}
+
+/// Whether a statement failed because it waited [`COMMAND_LOCK_TIMEOUT`] for a lock in vain.
+pub fn is_lock_wait(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
 }
 
 /// The longest a delivering relay's transaction may stay idle (the server ends it past that):

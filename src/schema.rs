@@ -266,10 +266,37 @@ pub async fn migrate_saying(
     client: &mut Client,
     table: &TableName,
 ) -> Result<Vec<Change>, SchemaProblem> {
-    let lock = "SELECT pg_advisory_lock($1, hashtext($2))";
-    client
-        .execute(lock, &[&MIGRATE_LOCK_CLASS, &table.as_str()])
-        .await?;
+    let try_lock = "SELECT pg_try_advisory_lock($1, hashtext($2))";
+    let got: bool = client
+        .query_one(try_lock, &[&MIGRATE_LOCK_CLASS, &table.as_str()])
+        .await?
+        .try_get(0)?;
+    if !got {
+        // Another migrate of this table is under way: this one waits for it as long as it takes
+        // (it may be building an index on a large table), since it would only fail what
+        // succeeds once the other ends; but it says so, rather than wait without a word. The
+        // session's lock_timeout bounds every other wait, and is put back after this one.
+        tracing::warn!(
+            table = %table,
+            "another `fga-relay migrate` of this table is under way: waiting for it to finish \
+             (pg_locks lists the session holding it: locktype advisory, classid {MIGRATE_LOCK_CLASS}); \
+             interrupt this one to stop waiting"
+        );
+        let before: String = client
+            .query_one("SELECT current_setting('lock_timeout')", &[])
+            .await?
+            .try_get(0)?;
+        client
+            .execute("SELECT set_config('lock_timeout', '0', false)", &[])
+            .await?;
+        let lock = "SELECT pg_advisory_lock($1, hashtext($2))";
+        client
+            .execute(lock, &[&MIGRATE_LOCK_CLASS, &table.as_str()])
+            .await?;
+        client
+            .execute("SELECT set_config('lock_timeout', $1, false)", &[&before])
+            .await?;
+    }
     let done = async {
         let found = match changes(client, table).await {
             Ok(found) => found,

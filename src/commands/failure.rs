@@ -9,6 +9,11 @@ pub enum Failure {
     /// Bad settings or a missing schema: exit status 2.
     #[error("{0}")]
     Config(String),
+    /// A statement waited [`crate::db::COMMAND_LOCK_TIMEOUT`] in vain for a lock another session
+    /// holds (the database's words): exit status 1, said with the sessions that hold it by
+    /// `lock_wait::bounded`.
+    #[error("{0}")]
+    LockWait(String),
     /// Anything else: exit status 1.
     #[error("{0:#}")]
     Other(#[from] anyhow::Error),
@@ -23,6 +28,9 @@ impl From<ConfigError> for Failure {
 impl From<SchemaProblem> for Failure {
     fn from(e: SchemaProblem) -> Self {
         match e {
+            SchemaProblem::Db(e) if crate::db::is_lock_wait(&e) => {
+                Failure::LockWait(crate::db::describe(&e))
+            }
             SchemaProblem::Db(e) => Failure::Other(anyhow::anyhow!(crate::db::describe(&e))),
             other => Failure::Config(other.to_string()),
         }
@@ -31,6 +39,11 @@ impl From<SchemaProblem> for Failure {
 
 impl From<crate::store::StoreError> for Failure {
     fn from(e: crate::store::StoreError) -> Self {
+        if let crate::store::StoreError::Db(db) = &e
+            && crate::db::is_lock_wait(db)
+        {
+            return Failure::LockWait(crate::db::describe(db));
+        }
         // Its message already holds the database's, which its sources would say again.
         Failure::Other(anyhow::anyhow!("{e}"))
     }

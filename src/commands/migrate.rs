@@ -1,6 +1,8 @@
 //! `fga-relay migrate`: creates the outbox schema or upgrades it, keeping every row.
 
 use super::failure::Failure;
+use super::lock_wait;
+use crate::config::DbSettings;
 use crate::output;
 use crate::schema::{self, SchemaProblem};
 use crate::settings::DbArgs;
@@ -21,11 +23,18 @@ pub struct Migrate {
 impl Migrate {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let db = self.db.settings()?;
-        let cfg = crate::db::pg_config(&db, "fga-relay migrate")?;
+        lock_wait::bounded("migrate", &db, self.migrate(&db)).await
+    }
+
+    async fn migrate(self, db: &DbSettings) -> Result<ExitCode, Failure> {
+        let cfg = crate::db::pg_config(db, "fga-relay migrate")?;
         let (mut client, conn) = crate::db::connect_dedicated(&cfg).await.map_err(|e| {
             anyhow::anyhow!("cannot connect: {}", crate::db::hint::explain(&e, &cfg))
         })?;
         let driver = tokio::spawn(conn);
+        crate::db::bound_lock_waits(&client).await.map_err(|e| {
+            anyhow::anyhow!("cannot set up the session: {}", crate::db::describe(&e))
+        })?;
         if self.check {
             let changes = schema::pending_changes(&client, &db.table).await?;
             drop(client);
@@ -45,6 +54,9 @@ impl Migrate {
         }
         let done = match schema::migrate_saying(&mut client, &db.table).await {
             Ok(done) => done,
+            Err(SchemaProblem::Db(e)) if crate::db::is_lock_wait(&e) => {
+                return Err(Failure::LockWait(crate::db::describe(&e)));
+            }
             Err(SchemaProblem::Db(e)) => {
                 return Err(anyhow::anyhow!("migrate failed: {}", crate::db::describe(&e)).into());
             }

@@ -10,6 +10,7 @@
 mod check;
 mod drain;
 mod failure;
+mod lock_wait;
 mod migrate;
 mod open;
 mod prune;

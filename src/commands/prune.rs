@@ -1,8 +1,9 @@
 //! `fga-relay prune`: deletes delivered rows older than a duration, in small batches.
 
 use super::failure::Failure;
+use super::lock_wait;
 use super::open::open_store;
-use crate::config::{self, ConfigError};
+use crate::config::{self, ConfigError, DbSettings};
 use crate::output;
 use crate::payload::store_filter;
 use crate::settings::DbArgs;
@@ -48,30 +49,46 @@ impl Prune {
         let cutoff = std::time::SystemTime::now()
             .checked_sub(age)
             .ok_or_else(|| ConfigError::new("--older-than", "is too long"))?;
-        let store = open_store(&db.settings()?, "fga-relay prune").await?;
-        let mut total = 0u64;
-        let kept_from = loop {
-            let batch = store
-                .prune_batch(cutoff, PRUNE_BATCH, only.as_deref(), configured.as_deref())
-                .await?;
-            total += batch.deleted;
-            if batch.deleted < PRUNE_BATCH as u64 {
-                break batch.kept_from;
-            }
-        };
-        info!(rows = total, older_than = %older_than, kept_from, "pruned delivered rows");
-        output::line(format_args!("{total} delivered row(s) deleted"));
-        if let Some(id) = kept_from {
-            // Rows older than the cutoff may remain: say why, and when they go, so that nobody
-            // deletes them by hand (which would let `reconcile --repair` replay a skipped grant).
-            output::line(format_args!(
-                "kept its store's rows from id {id} up (and the rows naming none, unless \
-                 FGA_STORE_ID or --store-id names another store): row {id} was dead and is \
-                 pending again or was delivered after the cutoff, out of id order, and \
-                 `reconcile` needs the later rows on its tuples; they are pruned once row {id} \
-                 is delivered and older than --older-than"
-            ));
-        }
-        Ok(ExitCode::SUCCESS)
+        let db = db.settings()?;
+        lock_wait::bounded(
+            "prune",
+            &db,
+            prune(&db, cutoff, &older_than, only, configured),
+        )
+        .await
     }
+}
+
+async fn prune(
+    db: &DbSettings,
+    cutoff: std::time::SystemTime,
+    older_than: &str,
+    only: Option<String>,
+    configured: Option<String>,
+) -> Result<ExitCode, Failure> {
+    let store = open_store(db, "fga-relay prune").await?;
+    let mut total = 0u64;
+    let kept_from = loop {
+        let batch = store
+            .prune_batch(cutoff, PRUNE_BATCH, only.as_deref(), configured.as_deref())
+            .await?;
+        total += batch.deleted;
+        if batch.deleted < PRUNE_BATCH as u64 {
+            break batch.kept_from;
+        }
+    };
+    info!(rows = total, older_than = %older_than, kept_from, "pruned delivered rows");
+    output::line(format_args!("{total} delivered row(s) deleted"));
+    if let Some(id) = kept_from {
+        // Rows older than the cutoff may remain: say why, and when they go, so that nobody
+        // deletes them by hand (which would let `reconcile --repair` replay a skipped grant).
+        output::line(format_args!(
+            "kept its store's rows from id {id} up (and the rows naming none, unless \
+             FGA_STORE_ID or --store-id names another store): row {id} was dead and is pending \
+             again or was delivered after the cutoff, out of id order, and `reconcile` needs \
+             the later rows on its tuples; they are pruned once row {id} is delivered and older \
+             than --older-than"
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
 }

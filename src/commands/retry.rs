@@ -10,8 +10,9 @@
 //! the rows delivered in between.
 
 use super::failure::Failure;
+use super::lock_wait;
 use super::open::open_store;
-use crate::config::ConfigError;
+use crate::config::{ConfigError, DbSettings};
 use crate::output;
 use crate::payload::{Op, Payload, TupleKey, store_filter};
 use crate::settings::DbArgs;
@@ -60,54 +61,65 @@ impl Retry {
             .map(store_filter)
             .transpose()
             .map_err(|e| ConfigError::new("--store", e))?;
-        let store = open_store(&db.settings()?, "fga-relay retry").await?;
-        let which = (!dead).then_some(ids.as_slice());
-        if dry_run {
-            let rows = store.dead_rows(which, only.as_deref()).await?;
-            for row in &rows {
-                output::line(format_args!(
-                    "row {}: dead: {}",
-                    row.id,
-                    row.last_error.as_deref().unwrap_or("(no error recorded)")
-                ));
-                for line in preview(&store, row.id, &row.payload).await? {
-                    output::line(line);
-                }
-            }
-            let left: Vec<i64> = ids
-                .iter()
-                .copied()
-                .filter(|id| !rows.iter().any(|r| r.id == *id))
-                .collect();
-            for line in left_alone(&store, &left, only.as_deref()).await? {
+        let db = db.settings()?;
+        lock_wait::bounded("retry", &db, retry(&db, dead, dry_run, only, ids)).await
+    }
+}
+
+async fn retry(
+    db: &DbSettings,
+    dead: bool,
+    dry_run: bool,
+    only: Option<String>,
+    ids: Vec<i64>,
+) -> Result<ExitCode, Failure> {
+    let store = open_store(db, "fga-relay retry").await?;
+    let which = (!dead).then_some(ids.as_slice());
+    if dry_run {
+        let rows = store.dead_rows(which, only.as_deref()).await?;
+        for row in &rows {
+            output::line(format_args!(
+                "row {}: dead: {}",
+                row.id,
+                row.last_error.as_deref().unwrap_or("(no error recorded)")
+            ));
+            for line in preview(&store, row.id, &row.payload).await? {
                 output::line(line);
             }
-            output::line(format_args!(
-                "{} dead row(s) would be sent back to pending (dry run: nothing changed)",
-                rows.len()
-            ));
-            return Ok(ExitCode::SUCCESS);
-        }
-        let sent = store.retry(which, only.as_deref()).await?;
-        for (id, last_error) in &sent {
-            info!(
-                id,
-                last_error = last_error.as_deref().unwrap_or(""),
-                "dead row sent back to pending (operations superseded by later delivered rows \
-                 are skipped when the relay reads it)"
-            );
         }
         let left: Vec<i64> = ids
             .iter()
             .copied()
-            .filter(|id| !sent.iter().any(|(s, _)| s == id))
+            .filter(|id| !rows.iter().any(|r| r.id == *id))
             .collect();
         for line in left_alone(&store, &left, only.as_deref()).await? {
             output::line(line);
         }
-        output::line(format_args!("{} row(s) sent back to pending", sent.len()));
-        Ok(ExitCode::SUCCESS)
+        output::line(format_args!(
+            "{} dead row(s) would be sent back to pending (dry run: nothing changed)",
+            rows.len()
+        ));
+        return Ok(ExitCode::SUCCESS);
     }
+    let sent = store.retry(which, only.as_deref()).await?;
+    for (id, last_error) in &sent {
+        info!(
+            id,
+            last_error = last_error.as_deref().unwrap_or(""),
+            "dead row sent back to pending (operations superseded by later delivered rows \
+                 are skipped when the relay reads it)"
+        );
+    }
+    let left: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !sent.iter().any(|(s, _)| s == id))
+        .collect();
+    for line in left_alone(&store, &left, only.as_deref()).await? {
+        output::line(line);
+    }
+    output::line(format_args!("{} row(s) sent back to pending", sent.len()));
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Why each of `ids`, which `retry` was given and did not take, was left as it is: no such row,

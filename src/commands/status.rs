@@ -4,7 +4,9 @@
 //! error that killed each and the commands that list and retry them.
 
 use super::failure::Failure;
+use super::lock_wait;
 use super::open::{open_store, store_failure};
+use crate::config::DbSettings;
 use crate::output;
 use crate::settings::DbArgs;
 use clap::Args;
@@ -46,29 +48,8 @@ struct Report {
 
 impl Status {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
-        let store = open_store(&self.db.settings()?, "fga-relay status").await?;
-        let counted = async {
-            let counts = store.status().await?;
-            let stores = store.status_stores().await?;
-            let (dead_by_reason, newest_dead) = if counts.dead > 0 {
-                (
-                    store.dead_reasons(DEAD_REASONS).await?,
-                    store.dead_newest(Default::default(), DEAD_SHOWN).await?,
-                )
-            } else {
-                (Vec::new(), Vec::new())
-            };
-            Ok(Report {
-                counts,
-                stores,
-                dead_by_reason,
-                newest_dead,
-            })
-        };
-        let report = match counted.await {
-            Ok(report) => report,
-            Err(e) => return Err(store_failure(&store, e).await),
-        };
+        let db = self.db.settings()?;
+        let report = lock_wait::bounded("status", &db, report(&db)).await?;
         if self.json {
             output::line(format_args!(
                 "{}",
@@ -78,6 +59,33 @@ impl Status {
             report.print();
         }
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// What `status` says, read from the table.
+async fn report(db: &DbSettings) -> Result<Report, Failure> {
+    let store = open_store(db, "fga-relay status").await?;
+    let counted = async {
+        let counts = store.status().await?;
+        let stores = store.status_stores().await?;
+        let (dead_by_reason, newest_dead) = if counts.dead > 0 {
+            (
+                store.dead_reasons(DEAD_REASONS).await?,
+                store.dead_newest(Default::default(), DEAD_SHOWN).await?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        Ok(Report {
+            counts,
+            stores,
+            dead_by_reason,
+            newest_dead,
+        })
+    };
+    match counted.await {
+        Ok(report) => Ok(report),
+        Err(e) => Err(store_failure(&store, e).await),
     }
 }
 

@@ -148,11 +148,8 @@ pub async fn privileges(client: &Client, table: &TableName) -> Probe {
 pub async fn pending_relations(
     client: &Client,
     table: &TableName,
-) -> Result<Vec<(String, String)>, String> {
-    let rows = client
-        .query(&render(PENDING_RELATIONS, table), &[])
-        .await
-        .map_err(|e| super::describe(&e))?;
+) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
+    let rows = client.query(&render(PENDING_RELATIONS, table), &[]).await?;
     Ok(rows
         .iter()
         .filter_map(|r| Some((r.try_get(0).ok()?, r.try_get(1).ok()?)))

@@ -882,3 +882,128 @@ fn every_flag_of_every_command_is_in_the_configuration_doc() {
         "not in docs/configuration.md: {missing:?}"
     );
 }
+
+/// Runs `command` until it exits, or kills it at `deadline` and returns None: a command stuck
+/// on a lock fails the test rather than hanging it.
+async fn output_within(mut command: Command, deadline: Duration) -> Option<std::process::Output> {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while started.elapsed() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// The pid of a test's session.
+async fn pid_of(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `retry --dead` while an operator holds a dead row (`FOR UPDATE`, transaction left open) gives
+/// up after its lock wait, naming the session that holds the row, instead of waiting without a
+/// word for as long as that transaction lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_behind_a_held_dead_row_exits_naming_the_holder() {
+    let env = Env::start().await;
+    let dead = env.insert(serde_json::json!({"writes": "nope"})).await;
+    env.db
+        .connect()
+        .await
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'test' WHERE id = $1",
+            &[&dead],
+        )
+        .await
+        .unwrap();
+    let holder = env.hold_row(dead).await;
+    let pid = pid_of(&holder).await;
+    let out = output_within(env.command(&["retry", "--dead"]), Duration::from_secs(20))
+        .await
+        .expect("retry exits within 20 s while the row is held");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "retry: waited 10s for a lock on fga_outbox held by session pid {pid} ("
+        )) && stderr.contains("idle in transaction since")
+            && stderr.contains(&format!("pg_terminate_backend({pid})"))
+            && stderr.contains("run retry again"),
+        "{stderr}"
+    );
+    assert!(env.row(dead).await.dead, "the row is left as it was");
+    drop(holder);
+}
+
+/// `status` behind `LOCK fga_outbox IN ACCESS EXCLUSIVE MODE` held by another session exits 1,
+/// naming it, rather than hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_behind_a_table_lock_exits_naming_the_holder() {
+    let env = Env::start().await;
+    let holder = env.db.connect().await;
+    holder
+        .batch_execute(
+            "SET application_name = 'maintenance'; BEGIN; \
+             LOCK fga_outbox IN ACCESS EXCLUSIVE MODE",
+        )
+        .await
+        .unwrap();
+    let pid = pid_of(&holder).await;
+    let out = output_within(env.command(&["status"]), Duration::from_secs(20))
+        .await
+        .expect("status exits within 20 s while the table is locked");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "status: waited 10s for a lock on fga_outbox held by session pid {pid} \
+             (maintenance, idle in transaction since"
+        )) && stderr.contains("run status again"),
+        "{stderr}"
+    );
+    drop(holder);
+}
+
+/// `check` behind the same lock reports the wait as a failed check line and goes on, rather
+/// than hanging after the privileges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_behind_a_table_lock_fails_a_line_naming_the_holder() {
+    let env = Env::start().await;
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let holder = env.db.connect().await;
+    holder
+        .batch_execute("BEGIN; LOCK fga_outbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let pid = pid_of(&holder).await;
+    let out = output_within(env.command(&["check"]), Duration::from_secs(20))
+        .await
+        .expect("check exits within 20 s while the table is locked");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  pending rows: check: waited 10s for a lock on fga_outbox held by session \
+             pid {pid} ("
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok    store:"),
+        "the checks after it ran: {stdout}"
+    );
+    drop(holder);
+}
