@@ -58,9 +58,7 @@ impl Bench {
     pub(crate) async fn linger(&self, sizes: &Sizes) -> Result<Vec<LingerRow>> {
         let clients = sizes.pgbench_clients.iter().copied().max().unwrap_or(8);
         let secs = sizes.pgbench_seconds;
-        let Some(pg) = self.pgbench_setup().await? else {
-            return Ok(Vec::new());
-        };
+        let pg = self.pgbench_setup().await?;
         println!(
             "--linger {}: {clients} pgbench clients, {secs} s a run, {} round(s), back to back in \
              rotating order, of: {}, and the relay's trigger with the default sweep (30 s) at \

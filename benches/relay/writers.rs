@@ -120,11 +120,14 @@ impl Bench {
         Ok(())
     }
 
-    /// pgbench and its script, or None (said) when pgbench is not installed.
-    pub(crate) async fn pgbench_setup(&self) -> Result<Option<Pgbench>> {
+    /// pgbench and its script. Without pgbench the scenario fails, saying what to install: a
+    /// scenario that did not run must never look measured.
+    pub(crate) async fn pgbench_setup(&self) -> Result<Pgbench> {
         let Some(bin) = pgbench_path() else {
-            println!("pgbench not found (set PGBENCH): skipped");
-            return Ok(None);
+            anyhow::bail!(
+                "pgbench not found: install PostgreSQL's server binaries (Debian: apt-get install \
+                 postgresql; .ci/run installs them), or set PGBENCH to its path"
+            );
         };
         let socket_dir = self
             .db
@@ -134,11 +137,11 @@ impl Bench {
         let script =
             std::env::temp_dir().join(format!("fga-relay-bench-{}.sql", std::process::id()));
         std::fs::write(&script, PGBENCH_SCRIPT)?;
-        Ok(Some(Pgbench {
+        Ok(Pgbench {
             bin,
             socket_dir,
             script,
-        }))
+        })
     }
 
     /// One pgbench run of `secs` with `clients`, `kind` installed, beside a relay sweeping every
@@ -200,9 +203,7 @@ impl Bench {
     }
 
     pub(crate) async fn writers(&self, sizes: &Sizes) -> Result<Vec<WriterRun>> {
-        let Some(pg) = self.pgbench_setup().await? else {
-            return Ok(Vec::new());
-        };
+        let pg = self.pgbench_setup().await?;
         let kinds = [
             TriggerKind::None,
             TriggerKind::Relay,
