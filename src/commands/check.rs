@@ -116,16 +116,7 @@ async fn check_postgres(
     table: &crate::config::TableName,
     pg: &crate::db::PgConnect,
 ) -> Vec<(String, String)> {
-    let connected =
-        match tokio::time::timeout(CONNECT_LIMIT, crate::db::connect_dedicated(pg)).await {
-            Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(format!(
-                "cannot connect: {}",
-                crate::db::hint::explain(&e, pg)
-            )),
-            Err(_) => Err(format!("no answer within {}s", CONNECT_LIMIT.as_secs())),
-        };
-    let (client, conn) = match connected {
+    let (client, conn) = match connect_within(pg).await {
         Ok(c) => c,
         Err(e) => {
             report.line("postgres", Err(e));
@@ -157,23 +148,7 @@ async fn check_postgres(
         version.map(|v| format!("answers: PostgreSQL {v}")),
     );
     report.line("pooler", not_a_transaction_pooler(pg, &client).await);
-    let (schema, tables_exist) = match schema::pending_changes(&client, table).await {
-        Ok(changes) if changes.is_empty() => {
-            (Ok(format!("current (version {})", schema::VERSION)), true)
-        }
-        Ok(changes) => {
-            let exist = !changes.iter().any(|c| c.contains("does not exist"));
-            (
-                Err(format!(
-                    "`fga-relay migrate` (as the table's owner) would {}",
-                    changes.join("; ")
-                )),
-                exist,
-            )
-        }
-        Err(SchemaProblem::Db(e)) => (Err(said(&e)), false),
-        Err(other) => (Err(other.to_string()), true),
-    };
+    let (schema, tables_exist) = schema_state(&client, table, &said).await;
     report.line("schema", schema);
     let mut pending = Vec::new();
     if tables_exist {
@@ -191,6 +166,52 @@ async fn check_postgres(
     drop(client);
     let _ = driver.await;
     pending
+}
+
+/// A connection of its own to PostgreSQL, or why there is none, within [`CONNECT_LIMIT`].
+async fn connect_within(
+    pg: &crate::db::PgConnect,
+) -> Result<
+    (
+        tokio_postgres::Client,
+        tokio_postgres::Connection<tokio_postgres::Socket, crate::db::TlsStream>,
+    ),
+    String,
+> {
+    match tokio::time::timeout(CONNECT_LIMIT, crate::db::connect_dedicated(pg)).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(format!(
+            "cannot connect: {}",
+            crate::db::hint::explain(&e, pg)
+        )),
+        Err(_) => Err(format!("no answer within {}s", CONNECT_LIMIT.as_secs())),
+    }
+}
+
+/// The schema line (current, or what `migrate` would change), and whether the tables exist.
+/// `said`: what a statement failed with.
+async fn schema_state(
+    client: &tokio_postgres::Client,
+    table: &crate::config::TableName,
+    said: &dyn Fn(&tokio_postgres::Error) -> String,
+) -> (Result<String, String>, bool) {
+    match schema::pending_changes(client, table).await {
+        Ok(changes) if changes.is_empty() => {
+            (Ok(format!("current (version {})", schema::VERSION)), true)
+        }
+        Ok(changes) => {
+            let exist = !changes.iter().any(|c| c.contains("does not exist"));
+            (
+                Err(format!(
+                    "`fga-relay migrate` (as the table's owner) would {}",
+                    changes.join("; ")
+                )),
+                exist,
+            )
+        }
+        Err(SchemaProblem::Db(e)) => (Err(said(&e)), false),
+        Err(other) => (Err(other.to_string()), true),
+    }
 }
 
 async fn check_openfga(report: &mut Report, client: &FgaClient, pending: &[(String, String)]) {

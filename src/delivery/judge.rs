@@ -385,17 +385,36 @@ impl Core {
             m.failed_at.is_some_and(|f| proven.is_some_and(|p| p > f)) && others_fail.is_some();
         m.failed_at = Some(now);
         m.max_rows = Some(1);
-        if !strike {
-            // Held just past the wait of its store, so that the store's other rows go first:
-            // how they fare tells an outage from this row's own failure.
-            let until = self.outage(plan, e, schedule, now, fx);
-            let at = until + schedule.base;
-            if let Some(m) = self.memo.get_mut(&id) {
-                m.retry_at = Some(at);
-            }
-            self.due_at(at);
-            return;
+        if strike {
+            return self.strike(plan, e, schedule, now, fx, others_fail.unwrap_or(0.0));
         }
+        // Held just past the wait of its store, so that the store's other rows go first: how
+        // they fare tells an outage from this row's own failure.
+        let until = self.outage(plan, e, schedule, now, fx);
+        let at = until + schedule.base;
+        if let Some(m) = self.memo.get_mut(&id) {
+            m.retry_at = Some(at);
+        }
+        self.due_at(at);
+    }
+
+    /// A row alone failed, and the failure is its own: one more strike. It is held back with
+    /// its own backoff while the others flow, or given up on once it has had its strikes and
+    /// chance, at `share` (the failing share of the other Writes to its store), cannot explain
+    /// them.
+    fn strike(
+        &mut self,
+        plan: Plan,
+        e: &WriteError,
+        schedule: Backoff,
+        now: Instant,
+        fx: &mut Effects,
+        share: f64,
+    ) {
+        let Some((c, _)) = plan.rows.into_iter().next() else {
+            return;
+        };
+        let id = c.id;
         let m = self.memo.entry(id).or_default();
         m.strikes += 1;
         let strikes = m.strikes;
@@ -407,25 +426,9 @@ impl Core {
             let until = self.lanes.hold(&plan.target, schedule, Some(wait), now);
             self.due_at(until);
         }
-        let Some((c, _)) = plan.rows.into_iter().next() else {
-            return;
-        };
-        let share = others_fail.unwrap_or(0.0);
         // Its failures in a row: each strike, and the failure before the first.
         if strikes >= self.settings.max_attempts && share.powi(strikes as i32 + 1) <= BY_CHANCE {
-            let others = match share > 0.0 {
-                true => format!(
-                    " ({:.0}% of the others failed too: that many failures in a row of one row \
-                     would be chance less than once in a billion)",
-                    share * 100.0
-                ),
-                false => String::new(),
-            };
-            let reason = format!(
-                "gave up after {strikes} failed attempts while other rows were delivered{others}: \
-                 {e}"
-            );
-            fx.give_up.push((c, reason));
+            fx.give_up.push((c, gave_up(strikes, share, e)));
             return;
         }
         let at = now + ROW_BACKOFF.delay(strikes);
@@ -478,4 +481,18 @@ impl Core {
         self.requeue(plan.into_rows());
         until
     }
+}
+
+/// Why a row that kept failing alone is given up on: its strikes, and where some of the other
+/// Writes to its store failed too (`share`), that chance cannot explain them.
+fn gave_up(strikes: u32, share: f64, e: &WriteError) -> String {
+    let others = match share > 0.0 {
+        true => format!(
+            " ({:.0}% of the others failed too: that many failures in a row of one row would be \
+             chance less than once in a billion)",
+            share * 100.0
+        ),
+        false => String::new(),
+    };
+    format!("gave up after {strikes} failed attempts while other rows were delivered{others}: {e}")
 }
