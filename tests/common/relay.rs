@@ -487,6 +487,15 @@ impl Drop for RelayProc {
     }
 }
 
+/// What a command printed, stdout then stderr.
+pub fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Panics with the command's output unless it succeeded.
 pub fn assert_success(out: &Output, what: &str) {
     assert!(

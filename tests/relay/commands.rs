@@ -650,11 +650,7 @@ async fn a_dead_row_marked_delivered_by_hand_counts_as_delivered_everywhere() {
         .command(&["retry", &fixed.to_string(), "--dry-run"])
         .output()
         .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = crate::common::relay::said(&out);
     assert!(said.contains("delivered, not dead"), "{said}");
 
     let (_relay, base) = env.spawn_relay_with_endpoint(&[]).await;

@@ -186,11 +186,7 @@ fn an_api_url_without_its_scheme_is_answered_with_the_url_it_meant() {
         .env("FGA_STORE_ID", "01HZZZZZZZZZZZZZZZZZZZZZZZ")
         .output()
         .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let said = crate::common::relay::said(&out);
         assert_eq!(out.status.code(), Some(2), "{command}: {said}");
         assert!(
             said.contains("FGA_API_URL") && said.contains("\"http://127.0.0.1:18080\""),

@@ -257,11 +257,7 @@ async fn no_command_shows_a_secret_of_any_setting() {
                 .envs(vars.iter().map(|(k, v)| (k, v)))
                 .output()
                 .unwrap();
-            let all = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let all = crate::common::relay::said(&out);
             for s in secrets {
                 assert!(
                     !all.contains(s),
