@@ -59,13 +59,22 @@ pub struct StatusCounts {
     pub last_vacuum_age_seconds: Option<f64>,
 }
 
-/// What one batch of `prune` did.
+/// What one batch of `prune` did (prune.sql).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PruneBatch {
     pub deleted: u64,
+    /// The delivered rows old enough that it looked at: fewer than the batch size in the last.
+    pub looked_at: u64,
+    /// The last of them: where the next batch starts.
+    pub last: Option<i64>,
     /// The first row delivered out of id order (it came back from dead) that prune keeps: no
     /// row from it up is deleted. None when there is none.
     pub kept_from: Option<i64>,
+    /// The rows it kept on the tuples of dead rows below them, which `retry` needs to skip what
+    /// they superseded.
+    pub held: u64,
+    /// The lowest of those dead rows.
+    pub held_by: Option<i64>,
 }
 
 /// One store's rows not yet delivered, as `status --json` lists them.
@@ -581,22 +590,32 @@ impl Store {
     }
 
     /// Deletes one batch of delivered rows older than `cutoff` (of every store, or of `store`),
-    /// below the first row delivered out of id order that is kept (prune.sql).
+    /// of ids above `after`, but for those a retry or `reconcile` needs (prune.sql).
     pub async fn prune_batch(
         &self,
         cutoff: SystemTime,
         batch: i64,
         store: Option<&str>,
         configured: Option<&str>,
+        after: i64,
     ) -> Result<PruneBatch, StoreError> {
         let client = self.pool.get().await?;
         let row = client
-            .query_one(&self.q.prune, &[&cutoff, &batch, &store, &configured])
+            .query_one(
+                &self.q.prune,
+                &[&cutoff, &batch, &store, &configured, &after],
+            )
             .await?;
-        let deleted: i64 = row.try_get(0)?;
+        let count = |i: usize| -> Result<u64, tokio_postgres::Error> {
+            Ok(u64::try_from(row.try_get::<_, i64>(i)?).unwrap_or(0))
+        };
         Ok(PruneBatch {
-            deleted: u64::try_from(deleted).unwrap_or(0),
-            kept_from: row.try_get(1)?,
+            deleted: count(0)?,
+            looked_at: count(1)?,
+            last: row.try_get(2)?,
+            kept_from: row.try_get(3)?,
+            held: count(4)?,
+            held_by: row.try_get(5)?,
         })
     }
 

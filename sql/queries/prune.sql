@@ -1,9 +1,16 @@
--- Deletes one bounded batch of delivered rows older than the cutoff, oldest first, none of them
--- above a row of its store delivered out of id order that this prune keeps. $1: the cutoff, $2:
--- the batch size, $3: only rows of this store (the id the rows name, '' for rows naming none;
--- NULL: every store), $4: the relay's configured store id, when known (NULL: not known). Only
--- delivered rows are ever deleted. Returns the rows deleted, and the lowest id of those kept
--- rows (NULL when there is none).
+-- Deletes one bounded batch of delivered rows older than the cutoff, in id order from a cursor,
+-- none of them above a row of its store delivered out of id order that this prune keeps, and
+-- none on a tuple of a dead row of its store below it. $1: the cutoff, $2: the batch size, $3:
+-- only rows of this store (the id the rows name, '' for rows naming none; NULL: every store),
+-- $4: the relay's configured store id, when known (NULL: not known), $5: the cursor, the last id
+-- the batch before looked at (0 at first). Only delivered rows are ever deleted. Returns the
+-- rows deleted; the rows looked at and the last of them (the next batch's cursor: a batch that
+-- looked at fewer than $2 is the last); the lowest id of the kept rows delivered out of order
+-- (NULL when there is none); the rows kept for dead rows, and the lowest of those dead rows.
+--
+-- A row's store, its *lane* here: the store the rows name, the rows naming none being one with
+-- the rows naming the configured store ($4); with that id not known, rows naming none go with
+-- every store.
 --
 -- A row that came back from dead (retried_at) is delivered after later rows, and the relay may
 -- have skipped its operations as superseded by a later delivered row on the same tuple; a row
@@ -12,26 +19,34 @@
 -- tuple, older by processed_at, would leave its operation as the tuple's last in id order, and
 -- `reconcile --repair` would replay it (a revoked grant granted again). So nothing of its store
 -- above the first such row still kept (pending again, or delivered after the cutoff) is
--- deleted: which of those rows touch its tuples is not known without reading them all. Its
--- store: the store the rows name, the rows naming none being one with the rows naming the
--- configured store ($4); with that id not known, rows naming none go with every store. A row
--- dead again holds nothing back (dead rows never do; see "Dead rows and order" in
--- docs/guarantees.md). Found through fga_outbox_retried_idx (part 11), whose predicate is the
--- first condition here; looked for again at each batch, so a row retried while prune runs holds
--- back the batches after.
+-- deleted: which of those rows touch its tuples is not known without reading them all. Found
+-- through fga_outbox_retried_idx (part 11), whose predicate is the first condition here; looked
+-- for again at each batch, so a row retried while prune runs holds back the batches after.
+--
+-- A dead row is what `retry` may bring back: the relay then skips each of its operations that a
+-- later delivered row on the same tuple supersedes (superseded.sql). Deleting those later rows
+-- would have it replay the operation over them: a grant dead, then revoked, then retried, would
+-- be granted again. So a delivered row on a tuple that a dead row below it touches stays, in
+-- its lane, until that dead row is delivered or deleted. Only those rows: a dead row nobody
+-- retries (one OpenFGA rejects) must not stop its store's pruning. A later row on a dead row's
+-- tuple is sent only once that row is dead (before, it waits behind it), so it was delivered
+-- after the row died: only a row dead since before the cutoff can hold a row older than it,
+-- and the others are not read. A row that died again after a retry may have died first long
+-- before: it counts whenever it died. Read through fga_outbox_dead_idx (part 1); a row of a
+-- malformed payload touches no tuple.
 WITH kept AS (
     SELECT CASE WHEN s = coalesce($4::text, '') THEN '' ELSE s END AS lane, min(id) AS first
     FROM (SELECT id, coalesce(payload->>'store_id', '') AS s FROM fga_outbox
           WHERE (retried_at IS NOT NULL OR (failed_at IS NOT NULL AND processed_at IS NOT NULL))
             AND (processed_at >= $1 OR (processed_at IS NULL AND failed_at IS NULL))) k
     GROUP BY 1
-), doomed AS (
-    SELECT o.id FROM fga_outbox o
+), batch AS MATERIALIZED (
+    SELECT o.id, o.payload, l.lane FROM fga_outbox o
     CROSS JOIN LATERAL (
         SELECT CASE WHEN coalesce(o.payload->>'store_id', '') = coalesce($4::text, '') THEN ''
                     ELSE coalesce(o.payload->>'store_id', '') END AS lane
     ) l
-    WHERE o.processed_at IS NOT NULL AND o.processed_at < $1
+    WHERE o.id > $5 AND o.processed_at IS NOT NULL AND o.processed_at < $1
       AND ($3::text IS NULL OR coalesce(o.payload->>'store_id', '') = $3::text)
       AND NOT EXISTS (
           SELECT FROM kept
@@ -40,9 +55,48 @@ WITH kept AS (
                  OR ($4::text IS NULL AND (kept.lane = '' OR l.lane = ''))))
     ORDER BY o.id
     LIMIT $2
+), batch_ops AS MATERIALIZED (
+    SELECT b.id, b.lane, op->>'object' AS object, op->>'relation' AS relation,
+           op->>'user' AS "user"
+    FROM batch b
+    CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_typeof(b.payload->'writes') = 'array'
+             THEN b.payload->'writes' ELSE '[]'::jsonb END
+        || CASE WHEN jsonb_typeof(b.payload->'deletes') = 'array'
+                THEN b.payload->'deletes' ELSE '[]'::jsonb END) AS op
+), held AS (
+    -- The dead rows' operations are read as they come and looked up among the batch's few.
+    SELECT bo.id, min(d.id) AS by
+    FROM fga_outbox d
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN coalesce(d.payload->>'store_id', '') = coalesce($4::text, '') THEN ''
+                    ELSE coalesce(d.payload->>'store_id', '') END AS lane
+    ) l
+    CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_typeof(d.payload->'writes') = 'array'
+             THEN d.payload->'writes' ELSE '[]'::jsonb END
+        || CASE WHEN jsonb_typeof(d.payload->'deletes') = 'array'
+                THEN d.payload->'deletes' ELSE '[]'::jsonb END) AS op
+    JOIN batch_ops bo ON bo.object = op->>'object' AND bo.relation = op->>'relation'
+                     AND bo."user" = op->>'user'
+    WHERE d.failed_at IS NOT NULL AND d.processed_at IS NULL
+      AND (d.failed_at < $1 OR d.retried_at IS NOT NULL)
+      AND d.id < bo.id
+      AND (l.lane = bo.lane OR ($4::text IS NULL AND (l.lane = '' OR bo.lane = '')))
+    GROUP BY bo.id
+), doomed AS (
+    -- Looked at again under the lock: a row made pending again meanwhile stays.
+    SELECT o.id FROM fga_outbox o
+    WHERE o.id IN (SELECT id FROM batch EXCEPT SELECT id FROM held)
+      AND o.processed_at IS NOT NULL AND o.processed_at < $1
     FOR UPDATE OF o SKIP LOCKED
 ), deleted AS (
     DELETE FROM fga_outbox o USING doomed WHERE o.id = doomed.id
     RETURNING o.id
 )
-SELECT (SELECT count(*) FROM deleted)::bigint AS deleted, (SELECT min(first) FROM kept) AS kept_from
+SELECT (SELECT count(*) FROM deleted)::bigint AS deleted,
+       (SELECT count(*) FROM batch)::bigint AS looked_at,
+       (SELECT max(id) FROM batch) AS last,
+       (SELECT min(first) FROM kept) AS kept_from,
+       (SELECT count(*) FROM held)::bigint AS held,
+       (SELECT min(by) FROM held) AS held_by

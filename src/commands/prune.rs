@@ -67,18 +67,39 @@ async fn prune(
     configured: Option<String>,
 ) -> Result<ExitCode, Failure> {
     let store = open_store(db, "fga-relay prune").await?;
-    let mut total = 0u64;
+    let (mut total, mut held, mut held_by, mut after) = (0u64, 0u64, None::<i64>, 0i64);
     let kept_from = loop {
         let batch = store
-            .prune_batch(cutoff, PRUNE_BATCH, only.as_deref(), configured.as_deref())
+            .prune_batch(
+                cutoff,
+                PRUNE_BATCH,
+                only.as_deref(),
+                configured.as_deref(),
+                after,
+            )
             .await?;
         total += batch.deleted;
-        if batch.deleted < PRUNE_BATCH as u64 {
-            break batch.kept_from;
+        held += batch.held;
+        held_by = held_by.into_iter().chain(batch.held_by).min();
+        match batch.last {
+            Some(last) if batch.looked_at >= PRUNE_BATCH as u64 => after = last,
+            _ => break batch.kept_from,
         }
     };
-    info!(rows = total, older_than = %older_than, kept_from, "pruned delivered rows");
+    info!(rows = total, older_than = %older_than, kept_from, held, held_by,
+          "pruned delivered rows");
     output::line(format_args!("{total} delivered row(s) deleted"));
+    if let Some(dead) = held_by {
+        // A dead row is what `retry` may bring back, and the relay then skips its operations
+        // that later delivered rows superseded: those rows must be there to be found.
+        output::line(format_args!(
+            "kept {held} delivered row(s) older than --older-than on the tuples of dead rows \
+             below them (the lowest: row {dead}): `retry` needs them to skip what they \
+             superseded rather than replay it over them; they go once those dead rows are \
+             retried, delivered and older than --older-than, or deleted (`fga-relay status` \
+             lists the dead rows)"
+        ));
+    }
     if let Some(id) = kept_from {
         // Rows older than the cutoff may remain: say why, and when they go, so that nobody
         // deletes them by hand (which would let `reconcile --repair` replay a skipped grant).

@@ -73,6 +73,35 @@ fn drain(env: &Env) {
     );
 }
 
+/// Makes a delivered row look delivered 100 days ago (older than `prune --older-than 90d`).
+async fn age(admin: &tokio_postgres::Client, id: i64) {
+    admin
+        .execute(
+            "UPDATE fga_outbox SET processed_at = now() - interval '100 days' WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+}
+
+async fn count(admin: &tokio_postgres::Client) -> i64 {
+    admin
+        .query_one("SELECT count(*) FROM fga_outbox", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `prune --older-than 90d`, which must succeed; what it said.
+fn prune(env: &Env) -> String {
+    let out = env
+        .command(&["prune", "--older-than", "90d"])
+        .output()
+        .unwrap();
+    assert_success(&out, "prune");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn expect_code(o: &Outcome, code: i32, what: &str) {
     assert_eq!(
         o.code, code,
@@ -333,34 +362,9 @@ async fn since_checks_only_the_tuples_of_recent_rows() {
 async fn prune_keeps_the_rows_a_retried_row_was_skipped_for_so_repair_revives_no_revoked_grant() {
     let env = Env::start().await;
     let admin = env.db.connect().await;
-    let age = |id: i64| {
-        let admin = &admin;
-        async move {
-            admin
-                .execute(
-                    "UPDATE fga_outbox SET processed_at = now() - interval '100 days' \
-                     WHERE id = $1",
-                    &[&id],
-                )
-                .await
-                .unwrap();
-        }
-    };
-    let count = || async {
-        admin
-            .query_one("SELECT count(*) FROM fga_outbox", &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
-    let prune = || {
-        let out = env
-            .command(&["prune", "--older-than", "90d"])
-            .output()
-            .unwrap();
-        assert_success(&out, "prune");
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let age = |id| age(&admin, id);
+    let count = || count(&admin);
+    let prune = || prune(&env);
     let carl = env
         .insert(writes(&[tk("user:carl", "viewer", "document:3")]))
         .await;
@@ -434,6 +438,87 @@ async fn prune_keeps_the_rows_a_retried_row_was_skipped_for_so_repair_revives_no
         "{out}"
     );
     assert_eq!(count().await, 0);
+}
+
+/// A dead grant, then a revoke of its tuple delivered and gone old: `retry` of the grant must
+/// find the revoke to skip the grant as superseded, so prune keeps it (and only the rows on the
+/// dead rows' tuples: an unrelated old row goes), and says so. Also across the two spellings of
+/// the configured store: a dead row naming none, a revoke naming the configured id. Once the
+/// grants are retried (and skipped), their revokes are held by the retried rows' rule instead,
+/// and nothing is granted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_keeps_the_rows_on_a_dead_rows_tuples_so_retry_revives_no_revoked_grant() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let anne = || tk("user:anne", "viewer", "document:1");
+    let bob = || tk("user:bob", "viewer", "document:2");
+    let anne_grant = env.insert(writes(&[anne()])).await;
+    let bob_grant = env.insert(writes(&[bob()])).await;
+    admin
+        .execute(
+            // Dead since before the revokes were delivered, as it would be: a later row on
+            // a tuple is sent only once the row before it is delivered or dead.
+            "UPDATE fga_outbox SET failed_at = now() - interval '101 days', \
+             last_error = 'rejected' WHERE id = ANY($1)",
+            &[&vec![anne_grant, bob_grant]],
+        )
+        .await
+        .unwrap();
+    let anne_revoke = env.insert(deletes(&[anne()])).await;
+    let mut bob_revoke = deletes(&[bob()]);
+    bob_revoke["store_id"] = json!(env.fga.store_id());
+    let bob_revoke = env.insert(bob_revoke).await;
+    let carl = env
+        .insert(writes(&[tk("user:carl", "viewer", "document:3")]))
+        .await;
+    drain(&env);
+    for id in [anne_revoke, bob_revoke, carl] {
+        age(&admin, id).await;
+    }
+    // More old rows than one batch of prune holds, after the kept ones: the batches go on past
+    // them.
+    admin
+        .execute(
+            "INSERT INTO fga_outbox (payload, processed_at) \
+             SELECT jsonb_build_object('writes', jsonb_build_array(jsonb_build_object( \
+                        'user', 'user:u' || g, 'relation', 'viewer', 'object', 'document:1'))), \
+                    now() - interval '100 days' \
+             FROM generate_series(1, 1500) g",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let out = prune(&env);
+    assert!(
+        out.contains("1501 delivered row(s) deleted")
+            && out.contains(&format!(
+                "kept 2 delivered row(s) older than --older-than on the tuples of dead rows \
+                 below them (the lowest: row {anne_grant})"
+            )),
+        "{out}"
+    );
+    assert_eq!(
+        count(&admin).await,
+        4,
+        "the unrelated row goes, the revokes stay"
+    );
+
+    let retry = env.command(&["retry", "--dead"]).output().unwrap();
+    assert_success(&retry, "retry");
+    drain(&env);
+    for (user, object, id) in [
+        ("user:anne", "document:1", anne_grant),
+        ("user:bob", "document:2", bob_grant),
+    ] {
+        let row = env.row(id).await;
+        assert!(
+            !env.fga.has(user, "viewer", object),
+            "the retried grant of {user} was replayed over its revoke; prune said:\n{out}\n\
+             the row: {row:?}"
+        );
+        assert!(row.delivered, "{row:?}");
+    }
 }
 
 /// Tuples the application wrote to OpenFGA directly are not the outbox's to judge: counted, and
