@@ -21,7 +21,7 @@ fn wide_row(tag: &str, j: usize, n: usize) -> Value {
 
 /// Store B, with a backlog of full Writes, answers each only after `fault` (slow, or never);
 /// the configured store's rows, committed one at a time meanwhile, each go at once: none waits
-/// for a slot of the window B's Writes fill.
+/// for a slot of the window B's Writes fill, nor for B's rows in hand to go before it reads.
 async fn another_stores_rows_go_while(fault: Fault, b_rows: usize, a_rows: usize) {
     let env = Env::start().await;
     let b = env.fga.add_store();
@@ -31,10 +31,12 @@ async fn another_stores_rows_go_while(fault: Fault, b_rows: usize, a_rows: usize
     for j in 0..b_rows {
         insert_with(&admin, in_store(wide_row("b", j, 100), &b)).await;
     }
-    // Writes that outlast the harness's short request timeout and lease.
+    // Writes that outlast the harness's short request timeout and lease. Reads of 20 rows:
+    // more of B's rows than a read's worth wait in hand behind its Writes.
     let relay = env.spawn_relay(&[
         ("FGA_RELAY_REQUEST_TIMEOUT", "6s"),
         ("FGA_RELAY_LEADER_LEASE", "20s"),
+        ("FGA_RELAY_BATCH_SIZE", "20"),
     ]);
     relay.wait_for_log("delivering (leader)").await;
     wait_until(PROMPTLY, "B's Writes fill the window", || async {
