@@ -15,8 +15,11 @@
 //!   changed row ever was);
 //! - no row lost: every committed row ends delivered or dead;
 //! - no good row dead: only rows OpenFGA rejects are dead-lettered;
-//! - no store delayed by another store's trouble: while one store fails for good, every row of
-//!   the healthy stores is delivered within a bounded time of its commit, never failing once.
+//! - no store delayed by another store's trouble: while one store fails or hangs for good (its
+//!   Writes never answered, filling a small window), every row of the healthy stores is
+//!   delivered within a bounded time of its commit, never failing once.
+//!
+//! Each case draws its window (`--max-in-flight`): one Write at a time, two, or eight.
 //!
 //! `FGA_RELAY_MODEL_CASES` sets the number of cases (the bench's model scenario runs 100,000).
 
@@ -696,16 +699,19 @@ impl World {
             // read the broken store's rows take when its hold ends (then it has a read's worth
             // queued, and is left out of reads).
             //
-            // A store that hangs holds its Writes in the window for good: the healthy stores'
-            // go in the one Write more a full window holds for a store with none in flight, one
-            // store's at a time, so each of them may wait its turn.
+            // Where the window is smaller than the stores, or a store that hangs holds its
+            // Writes in it for good (the healthy stores' then go in the one Write more a full
+            // window holds for a store with none in flight), the healthy stores take turns: each
+            // may wait for the others' Writes at each step, and its rows for a read one round
+            // more.
             let bad = self.rows.iter().filter(|r| r.bad).count() as u32;
-            let turns = match self.broken.map(|b| self.health[b]) {
-                Some(Health::Hang) => STORES as u32 - 1,
-                _ => 1,
+            let hangs = self.broken.is_some_and(|b| self.health[b] == Health::Hang);
+            let turns = match hangs || self.window < STORES {
+                true => STORES as u32 - 1,
+                false => 1,
             };
             prop_assert!(
-                rounds <= turns * (chain + bad) + 3,
+                rounds <= turns * (chain + bad + 1) + 3,
                 "the healthy stores took {} rounds (longest chain {}, {} bad rows)",
                 rounds,
                 chain,
@@ -826,6 +832,12 @@ fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
     assert_eq!(world.core.memo.get(&4).map(|m| m.strikes), Some(2));
 }
 
+/// `--max-in-flight`: one Write at a time, a window a store's few tuples fill, and the default
+/// halved (the model's stores have three tuples each).
+fn windows() -> impl Strategy<Value = usize> {
+    prop::sample::select(vec![1usize, 2, 8])
+}
+
 fn cases() -> u32 {
     std::env::var("FGA_RELAY_MODEL_CASES")
         .ok()
@@ -839,8 +851,11 @@ proptest! {
     /// Any interleaving ends with every committed row delivered or (bad) dead, and OpenFGA
     /// applied each (store, tuple)'s rows in id order, ending with the last.
     #[test]
-    fn the_stream_keeps_order_and_loses_nothing(events in prop::collection::vec(event(), 1..300)) {
-        let mut world = World::new(None);
+    fn the_stream_keeps_order_and_loses_nothing(
+        window in windows(),
+        events in prop::collection::vec(event(), 1..300),
+    ) {
+        let mut world = World::with_window(None, window);
         for e in &events {
             world.apply(e);
         }
@@ -854,9 +869,10 @@ proptest! {
     #[test]
     fn one_store_down_for_good_never_touches_the_others(
         broken in 0..STORES,
+        window in windows(),
         events in prop::collection::vec(event(), 1..300),
     ) {
-        let mut world = World::new(Some(broken));
+        let mut world = World::with_window(Some(broken), window);
         world.health[broken] = Health::Down;
         for e in &events {
             world.apply(e);
@@ -866,15 +882,16 @@ proptest! {
         world.check(rounds, chain)?;
     }
 
-    /// With one store hanging for good and a window of two, which its Writes fill, the other
+    /// With one store hanging for good and a window its Writes fill (one or two), the other
     /// stores' rows are all delivered, none of them ever failing: a store's slow Writes never
     /// hold up another's rows.
     #[test]
     fn one_store_hanging_never_holds_up_the_others(
         broken in 0..STORES,
+        window in 1usize..=2,
         events in prop::collection::vec(event(), 1..300),
     ) {
-        let mut world = World::with_window(Some(broken), 2);
+        let mut world = World::with_window(Some(broken), window);
         world.health[broken] = Health::Hang;
         for e in &events {
             world.apply(e);
