@@ -181,6 +181,23 @@ impl Core {
         closed
     }
 
+    /// How many rows in hand could go in the one Write more a full window holds: those of
+    /// stores with no Write in flight (see `Core::plan_spare`).
+    pub(super) fn ready_for_spare(&self) -> usize {
+        let mut last: Option<(&Option<Arc<str>>, bool)> = None;
+        let mut ready = 0;
+        // Rows come in runs of one store: one look a run.
+        for c in self.queue.values() {
+            let idle = match last {
+                Some((store, idle)) if *store == c.target.store => idle,
+                _ => self.lanes.flying_of(&c.target.store) == 0,
+            };
+            last = Some((&c.target.store, idle));
+            ready += usize::from(idle);
+        }
+        ready
+    }
+
     /// How many rows of `store` (`None`: the configured store) are queued, with ids below
     /// `below` if given.
     pub(super) fn queued_of(&self, store: &Option<Arc<str>>, below: Option<i64>) -> usize {

@@ -166,6 +166,8 @@ struct World {
     broken: Option<usize>,
     /// `--max-in-flight` of its relays.
     window: usize,
+    /// When a Write last left or was answered (see `turn::STALLED`).
+    moved: Duration,
     /// Per row of a healthy store: when it was delivered.
     delivered_at: HashMap<i64, Duration>,
 }
@@ -221,6 +223,7 @@ impl World {
             holds: HashMap::new(),
             broken,
             window,
+            moved: Duration::ZERO,
             delivered_at: HashMap::new(),
         }
     }
@@ -459,7 +462,15 @@ impl World {
     fn step(&mut self) {
         let now = self.now();
         self.recheck_bars();
-        if self.core.queue.len().saturating_sub(self.core.stuck) < BATCH {
+        // A full window that stalled reads for the one Write more it holds (see
+        // `Deliverer::spare_only`).
+        let ready = match self.flights.len() >= self.core.window()
+            && self.clock - self.moved >= super::turn::STALLED
+        {
+            true => self.core.ready_for_spare(),
+            false => self.core.queue.len().saturating_sub(self.core.stuck),
+        };
+        if ready < BATCH {
             let hand: HashSet<i64> = self.core.hand().into_iter().collect();
             let closed: HashSet<String> = self
                 .core
@@ -511,6 +522,7 @@ impl World {
                 break;
             };
             let flight = self.core.launch(plan, now);
+            self.moved = self.clock;
             self.ticks += 1;
             let tick = self.ticks;
             for id in flight.plan.ids() {
@@ -544,6 +556,7 @@ impl World {
 
     fn answer(&mut self, flight: Flight, noise: u8) {
         let now = self.now();
+        self.moved = self.clock;
         self.core.landed(&flight.keys, &flight.plan);
         let changed = self.changed(&flight);
         if !changed.is_empty() {

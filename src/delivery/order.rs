@@ -215,13 +215,9 @@ impl Core {
     /// of a Write in flight or of an earlier row left waiting.
     fn passed_over(&self, c: &Candidate, now: Instant, scan: &mut Scan) -> bool {
         if scan.spare && !c.malformed && !scan.all_barred && scan.busy(&self.lanes, c) {
-            // Its store has Writes in flight: its rows wait for a slot of the window proper.
-            // Their tuples hold back no other store's (a tuple's key is its store's), so they
-            // are passed over at the cost of a comparison. They are stuck for the one Write
-            // more: a full window whose queue holds only such rows reads, for another store's
-            // rows (a busy store with a read's worth in hand is left out of reads), rather than
-            // wait for its Writes to land with other stores' rows unread.
-            scan.stuck += 1;
+            // Its store has Writes in flight: its rows wait for a slot of the window proper,
+            // and are not stuck for it. Their tuples hold back no other store's (a tuple's key
+            // is its store's), so they are passed over at the cost of a comparison.
             return true;
         }
         let retry_at = self.memo.get(&c.id).and_then(|m| m.retry_at);
@@ -282,13 +278,17 @@ impl Core {
     pub(super) fn plan_spare(&mut self, now: Instant) -> Option<Plan> {
         // Planned at every landing while the window is full: the rows of stores with Writes
         // in flight, nearly all of the queue then, cost a comparison each (see `Scan::busy`).
-        self.plan_with(
+        let stuck = self.stuck;
+        let plan = self.plan_with(
             now,
             Scan {
                 spare: true,
                 ..Scan::default()
             },
-        )
+        );
+        // What cannot go in the window proper was counted by its own planning.
+        self.stuck = stuck;
+        plan
     }
 
     fn plan_with(&mut self, now: Instant, mut scan: Scan) -> Option<Plan> {

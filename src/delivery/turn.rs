@@ -29,7 +29,7 @@ fn poll(linger: Duration) -> Duration {
 /// so that a row of another store committed meanwhile is read at once and goes in the Write a
 /// full window holds for a store with none in flight (`Core::plan_spare`). A window full of
 /// Writes that land every few milliseconds reads as they land, and writers need not notify.
-const STALLED: Duration = Duration::from_millis(250);
+pub(super) const STALLED: Duration = Duration::from_millis(250);
 
 /// What one call of the stream keeps.
 pub(super) struct Turn<'a> {
@@ -132,7 +132,7 @@ impl Deliverer {
         if !self.want_read {
             return;
         }
-        if !self.queue_has_room() && !self.room_after_letting_go() {
+        if !self.queue_has_room(self.spare_only(turn)) && !self.room_after_letting_go() {
             return;
         }
         let batch = self.core.settings.batch_size.max(1);
@@ -172,11 +172,26 @@ impl Deliverer {
     }
 
     /// Whether the queue has room for a read: fewer rows ready to go than a read's worth, and
-    /// fewer in all than it holds at most.
-    fn queue_has_room(&self) -> bool {
+    /// fewer in all than it holds at most. `spare_only`: only the one Write more of a full
+    /// window may go, and only rows of stores with none in flight are ready for it.
+    fn queue_has_room(&self, spare_only: bool) -> bool {
         let batch = self.core.settings.batch_size.max(1);
-        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
+        let ready = match spare_only {
+            true => self.core.ready_for_spare(),
+            false => self.core.queue.len().saturating_sub(self.core.stuck),
+        };
         ready < batch && self.core.queue.len() < read::AHEAD_PAGES * batch
+    }
+
+    /// Whether the window is full and stalled (see [`STALLED`]): its Writes are slow, or hang,
+    /// and a row of another store, which would go in the one Write more it holds, is read
+    /// however many of the slow stores' rows are in hand (they cannot go in that Write; a store
+    /// with a read's worth in hand is left out of reads). A full window that moves reads as
+    /// its Writes land, as before: counting rows per store at every landing, and reading for
+    /// other stores with a single store's backlog in hand (which walks that backlog), would
+    /// cost a burn-down.
+    fn spare_only(&self, turn: &Turn<'_>) -> bool {
+        turn.flights.len() >= self.core.window() && turn.moved_at.elapsed() >= STALLED
     }
 
     /// Whether the queue has room once the rows of held stores let it go, when they are what
@@ -188,7 +203,7 @@ impl Deliverer {
         if ready >= batch {
             return false;
         }
-        self.core.let_go_held(Instant::now()) && self.queue_has_room()
+        self.core.let_go_held(Instant::now()) && self.queue_has_room(false)
     }
 
     /// Counts what a read found, and says from it whether rows come faster than one a poll
@@ -354,7 +369,8 @@ impl Deliverer {
         if !turn.launching && turn.flights.is_empty() {
             return;
         }
-        if turn.launching && self.want_read && turn.flights.is_empty() && self.queue_has_room() {
+        if turn.launching && self.want_read && turn.flights.is_empty() && self.queue_has_room(false)
+        {
             // Rows are wanted since this turn's read (a store left out for a full queue has
             // room now, its rows marked without a Write), and no Write in flight will wake the
             // stream for them: read now. Each read either fills the queue a step more or
