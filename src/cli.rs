@@ -76,7 +76,8 @@ pub enum Command {
         override_usage = "fga-relay status [OPTIONS]"
     )]
     Status(commands::Status),
-    /// Send dead rows back to pending.
+    /// Send dead rows back to pending: exit 1 when an id given was left as it is (each said,
+    /// with why).
     #[command(after_help = "Examples:\n  fga-relay retry 1042 1043\n  fga-relay retry --dead")]
     Retry(commands::Retry),
     /// Delete delivered rows older than a duration, in small batches. Never touches pending or

@@ -4,8 +4,8 @@
 //!
 //! Exit status: 0 success; 1 failure (for `drain`: rows still pending at the timeout; for
 //! `reconcile`: drift; for `check`: a check failed; for `migrate --check`: it would change
-//! something); 2 bad settings, with one line naming the setting; 3 for `drain`: rows were
-//! dead-lettered and none is left pending.
+//! something; for `retry`: an id given was left as it is); 2 bad settings, with one line naming
+//! the setting; 3 for `drain`: rows were dead-lettered and none is left pending.
 
 mod check;
 mod drain;

@@ -8,6 +8,10 @@
 //! `sql/queries/superseded.sql`), logs each, and records them in the row's `last_error`.
 //! `--dry-run` runs the same query now; the relay's own look, when it sends the row, also sees
 //! the rows delivered in between.
+//!
+//! Exit status: 1 when an id given was left as it is (each said on its own line, why), so that a
+//! script running `retry 123` can tell that nothing was done; `--dry-run` exits as the retry
+//! would.
 
 use super::failure::Failure;
 use super::lock_wait;
@@ -47,6 +51,16 @@ pub struct Retry {
     ids: Vec<i64>,
 }
 
+/// What `retry` was asked to do.
+struct Asked {
+    /// `--dead`: every dead row, not `ids`.
+    dead: bool,
+    dry_run: bool,
+    /// `--store`: only rows naming this store (`""`: none).
+    only: Option<String>,
+    ids: Vec<i64>,
+}
+
 impl Retry {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let Retry {
@@ -61,22 +75,23 @@ impl Retry {
             .map(store_filter)
             .transpose()
             .map_err(|e| ConfigError::new("--store", e))?;
+        let asked = Asked {
+            dead,
+            dry_run,
+            only,
+            ids,
+        };
         let db = db.settings()?;
-        lock_wait::bounded("retry", &db, retry(&db, dead, dry_run, only, ids)).await
+        lock_wait::bounded("retry", &db, retry(&db, asked)).await
     }
 }
 
-async fn retry(
-    db: &DbSettings,
-    dead: bool,
-    dry_run: bool,
-    only: Option<String>,
-    ids: Vec<i64>,
-) -> Result<ExitCode, Failure> {
+async fn retry(db: &DbSettings, asked: Asked) -> Result<ExitCode, Failure> {
     let store = open_store(db, "fga-relay retry").await?;
-    let which = (!dead).then_some(ids.as_slice());
-    if dry_run {
-        let rows = store.dead_rows(which, only.as_deref()).await?;
+    let which = (!asked.dead).then_some(asked.ids.as_slice());
+    let only = asked.only.as_deref();
+    if asked.dry_run {
+        let rows = store.dead_rows(which, only).await?;
         for row in &rows {
             output::line(format_args!(
                 "row {}: dead: {}",
@@ -87,21 +102,22 @@ async fn retry(
                 output::line(line);
             }
         }
-        let left: Vec<i64> = ids
+        let left: Vec<i64> = asked
+            .ids
             .iter()
             .copied()
             .filter(|id| !rows.iter().any(|r| r.id == *id))
             .collect();
-        for line in left_alone(&store, &left, only.as_deref()).await? {
+        for line in left_alone(&store, &left, only).await? {
             output::line(line);
         }
         output::line(format_args!(
             "{} dead row(s) would be sent back to pending (dry run: nothing changed)",
             rows.len()
         ));
-        return Ok(ExitCode::SUCCESS);
+        return Ok(exit(&left, asked.ids.len(), true));
     }
-    let sent = store.retry(which, only.as_deref()).await?;
+    let sent = store.retry(which, only).await?;
     for (id, last_error) in &sent {
         info!(
             id,
@@ -110,16 +126,37 @@ async fn retry(
                  are skipped when the relay reads it)"
         );
     }
-    let left: Vec<i64> = ids
+    let left: Vec<i64> = asked
+        .ids
         .iter()
         .copied()
         .filter(|id| !sent.iter().any(|(s, _)| s == id))
         .collect();
-    for line in left_alone(&store, &left, only.as_deref()).await? {
+    for line in left_alone(&store, &left, only).await? {
         output::line(line);
     }
     output::line(format_args!("{} row(s) sent back to pending", sent.len()));
-    Ok(ExitCode::SUCCESS)
+    Ok(exit(&left, asked.ids.len(), false))
+}
+
+/// The exit status: 1, said on stderr, when any of the `given` ids was (or, in a dry run, would
+/// be) left as it is; the lines on stdout say why for each.
+fn exit(left: &[i64], given: usize, dry_run: bool) -> ExitCode {
+    if left.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    let was = match (left.len(), dry_run) {
+        (_, true) => "would be",
+        (1, false) => "was",
+        (_, false) => "were",
+    };
+    let them = if left.len() == 1 { "it is" } else { "they are" };
+    crate::telemetry::error_line(&format!(
+        "retry: {} of the {given} rows given {was} left as {them} (each line above says why); \
+         `fga-relay retry --dead --dry-run` lists the dead rows, which retry takes",
+        left.len()
+    ));
+    ExitCode::from(1)
 }
 
 /// Why each of `ids`, which `retry` was given and did not take, was left as it is: no such row,

@@ -366,12 +366,18 @@ async fn status_retry_and_prune() {
     assert_eq!(s["dead_row_versions"], 0, "{s}");
     assert!(s["last_vacuum_age_seconds"].as_f64().unwrap() >= 0.0);
 
-    // A dead row goes back to pending; a delivered one is left alone.
+    // A dead row goes back to pending; a delivered one is left alone (exit 1: an id given was
+    // left as it is).
     let out = env
         .command(&["retry", &dead.to_string(), &delivered.to_string()])
         .output()
         .unwrap();
-    assert_success(&out, "retry");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        crate::common::relay::said(&out)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 row(s)"));
     let row = env.row(dead).await;
     assert!(!row.dead && !row.delivered);
@@ -684,7 +690,12 @@ async fn retry_says_why_it_left_a_row_as_it_is() {
         }
         args.extend(ids.iter().map(String::as_str));
         let out = env.command(&args).output().unwrap();
-        assert_success(&out, "retry");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            crate::common::relay::said(&out)
+        );
         let text = String::from_utf8_lossy(&out.stdout);
         for expected in [
             format!("row {missing}: no such row; left as it is"),
@@ -700,7 +711,12 @@ async fn retry_says_why_it_left_a_row_as_it_is() {
         .command(&["retry", "--store", &other_store, &dead.to_string()])
         .output()
         .unwrap();
-    assert_success(&out, "retry --store");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        crate::common::relay::said(&out)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(&format!(
@@ -1002,4 +1018,110 @@ async fn check_behind_a_table_lock_fails_a_line_naming_the_holder() {
         "the checks after it ran: {stdout}"
     );
     drop(holder);
+}
+
+/// Inserts a row already dead (as the relay leaves one it gave up on); returns its id.
+async fn insert_dead(client: &tokio_postgres::Client, payload: serde_json::Value) -> i64 {
+    client
+        .query_one(
+            "INSERT INTO fga_outbox (payload, failed_at, last_error) \
+             VALUES ($1, now(), 'OpenFGA refused it: test') RETURNING id",
+            &[&payload],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Inserts a row already delivered; returns its id.
+async fn insert_delivered(client: &tokio_postgres::Client, payload: serde_json::Value) -> i64 {
+    client
+        .query_one(
+            "INSERT INTO fga_outbox (payload, processed_at) VALUES ($1, now()) RETURNING id",
+            &[&payload],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `retry ID...` exits 1 when it left an id it was given as it is (a script running `retry 123`
+/// must be able to tell that nothing was done), still saying why for each and still sending the
+/// dead ones back; 0 when it sent back every one. `--dry-run` exits as the retry would, and
+/// `--dead` with no dead row has nothing left undone: 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_exits_1_when_an_id_given_was_left_as_it_is() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let dead = insert_dead(&admin, writes(&[tk("user:anne", "viewer", "document:1")])).await;
+    let other = insert_dead(&admin, writes(&[tk("user:bob", "viewer", "document:1")])).await;
+    let delivered =
+        insert_delivered(&admin, writes(&[tk("user:carl", "viewer", "document:1")])).await;
+    let missing = delivered + 1000;
+    let run = |args: &[String]| {
+        let mut all = vec!["retry"];
+        all.extend(args.iter().map(String::as_str));
+        env.command(&all).output().unwrap()
+    };
+    let ids = |ids: &[i64]| ids.iter().map(i64::to_string).collect::<Vec<_>>();
+    let dry = |ids: &[i64]| {
+        let mut args = vec!["--dry-run".to_owned()];
+        args.extend(ids.iter().map(i64::to_string));
+        args
+    };
+
+    let out = run(&dry(&[dead, missing]));
+    let said = crate::common::relay::said(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("row {missing}: no such row; left as it is"))
+            && said.contains("1 dead row(s) would be sent back")
+            && said.contains("1 of the 2 rows given would be left as it is"),
+        "{said}"
+    );
+    assert!(env.row(dead).await.dead, "a dry run changes nothing");
+    let out = run(&dry(&[dead]));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        crate::common::relay::said(&out)
+    );
+
+    let out = run(&ids(&[dead, delivered]));
+    let said = crate::common::relay::said(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!(
+            "row {delivered}: delivered, not dead; left as it is"
+        )) && said.contains("1 row(s) sent back to pending")
+            && said.contains("1 of the 2 rows given was left as it is")
+            && said.contains("fga-relay retry --dead --dry-run"),
+        "{said}"
+    );
+    let row = env.row(dead).await;
+    assert!(
+        !row.dead && !row.delivered,
+        "the dead one went back: {row:?}"
+    );
+    // Pending now: nothing more to do for it.
+    let out = run(&ids(&[dead]));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        crate::common::relay::said(&out)
+    );
+
+    let out = run(&ids(&[other]));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        crate::common::relay::said(&out)
+    );
+    let out = run(&["--dead".to_owned()]);
+    let said = crate::common::relay::said(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("0 row(s) sent back to pending"), "{said}");
 }
