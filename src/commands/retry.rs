@@ -6,8 +6,9 @@
 //! reads a row that came back (the schema's trigger sets `retried_at` whatever brings it back),
 //! it skips the operations whose tuple a later delivered row touches (see
 //! `sql/queries/superseded.sql`), logs each, and records them in the row's `last_error`.
-//! `--dry-run` runs the same query now; the relay's own look, when it sends the row, also sees
-//! the rows delivered in between.
+//! `--dry-run` runs the same query now, with the configured store as `run` has it
+//! (`--store-id`, `FGA_STORE_ID`); the relay's own look, when it sends the row, also sees the
+//! rows delivered in between.
 //!
 //! Exit status: 1 when an id given was left as it is (each said on its own line, why), so that a
 //! script running `retry 123` can tell that nothing was done; `--dry-run` exits as the retry
@@ -46,6 +47,11 @@ pub struct Retry {
     /// no store (they go to the relay's configured store).
     #[arg(long)]
     store: Option<String>,
+    /// The relay's configured store, as `run` takes it: `--dry-run` counts a row naming this id
+    /// and a row naming none as one store, as the relay does when it skips a retried row's
+    /// superseded operations. Without it, a row naming it is previewed as another store's.
+    #[arg(long = "store-id", env = "FGA_STORE_ID", value_name = "ID")]
+    configured: Option<String>,
     /// These rows (ids).
     #[arg(value_name = "ID")]
     ids: Vec<i64>,
@@ -58,6 +64,8 @@ struct Asked {
     dry_run: bool,
     /// `--store`: only rows naming this store (`""`: none).
     only: Option<String>,
+    /// `--store-id`: the relay's configured store, when given.
+    configured: Option<String>,
     ids: Vec<i64>,
 }
 
@@ -68,6 +76,7 @@ impl Retry {
             dead,
             dry_run,
             store: only,
+            configured,
             ids,
         } = self;
         let only = only
@@ -75,10 +84,17 @@ impl Retry {
             .map(store_filter)
             .transpose()
             .map_err(|e| ConfigError::new("--store", e))?;
+        // An empty value is unset, as for every setting.
+        let configured = configured
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
         let asked = Asked {
             dead,
             dry_run,
             only,
+            configured,
             ids,
         };
         let db = db.settings()?;
@@ -92,13 +108,20 @@ async fn retry(db: &DbSettings, asked: Asked) -> Result<ExitCode, Failure> {
     let only = asked.only.as_deref();
     if asked.dry_run {
         let rows = store.dead_rows(which, only).await?;
+        if asked.configured.is_none() && !rows.is_empty() {
+            output::line(
+                "the relay's configured store is not known here: a row naming its id is \
+                 previewed as another store's, where the relay takes it with the rows naming \
+                 none; give it as run has it (--store-id, or FGA_STORE_ID)",
+            );
+        }
         for row in &rows {
             output::line(format_args!(
                 "row {}: dead: {}",
                 row.id,
                 row.last_error.as_deref().unwrap_or("(no error recorded)")
             ));
-            for line in preview(&store, row.id, &row.payload).await? {
+            for line in preview(&store, row.id, &row.payload, asked.configured.as_deref()).await? {
                 output::line(line);
             }
         }
@@ -205,10 +228,12 @@ fn store_name(named: &str) -> String {
 }
 
 /// What the relay would do with dead row `id` if it came back now: a line per operation.
+/// `configured`: the relay's configured store, when given.
 async fn preview(
     store: &Store,
     id: i64,
     text: &Result<String, String>,
+    configured: Option<&str>,
 ) -> Result<Vec<String>, Failure> {
     let payload = match text {
         Ok(t) => Payload::parse_text(t).map_err(|e| e.to_string()),
@@ -224,10 +249,14 @@ async fn preview(
         .get()
         .await
         .map_err(crate::store::StoreError::from)?;
-    // The relay's configured store is not known here: a row naming it is taken as another
-    // store's, and one naming none as the configured store's.
+    // As the relay keys a row's store (`Target::store_key`): "" for the configured store, whether
+    // the row names it or none. Not known, a row naming it is taken as another store's.
+    let row_store = row_store
+        .as_deref()
+        .filter(|named| Some(*named) != configured)
+        .unwrap_or("");
     let skipped = store
-        .superseded(&conn, id, &keys, row_store.as_deref().unwrap_or(""), None)
+        .superseded(&conn, id, &keys, row_store, configured)
         .await
         .map_err(crate::store::StoreError::from)?;
     Ok(ops

@@ -1125,3 +1125,85 @@ async fn retry_exits_1_when_an_id_given_was_left_as_it_is() {
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("0 row(s) sent back to pending"), "{said}");
 }
+
+/// `retry --dry-run` previews a dead row's operations as the relay treats them when it reads the
+/// row back: an operation is skipped when a later delivered row of the same store touches its
+/// tuple, and a row naming the configured store's id (`--store-id`, `FGA_STORE_ID`) is of one
+/// store with the rows naming none. A dead grant naming no store with a later delivered revoke
+/// naming the configured id, and the reverse, are shown skipped, and the relay skips them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_dry_run_takes_the_configured_store_named_or_not_as_one_store() {
+    let env = Env::start().await;
+    let configured = env.fga.store_id().to_owned();
+    let admin = env.db.connect().await;
+    let anne = tk("user:anne", "viewer", "document:1");
+    let bob = tk("user:bob", "viewer", "document:1");
+    let grant_naming_none = insert_dead(&admin, writes(std::slice::from_ref(&anne))).await;
+    let revoke_naming_it = insert_delivered(
+        &admin,
+        serde_json::json!({"deletes": [anne], "store_id": configured}),
+    )
+    .await;
+    let grant_naming_it = insert_dead(
+        &admin,
+        serde_json::json!({"writes": [bob], "store_id": configured}),
+    )
+    .await;
+    let revoke_naming_none = insert_delivered(&admin, crate::common::relay::deletes(&[bob])).await;
+
+    let out = env
+        .command(&["retry", "--dead", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_success(&out, "retry --dead --dry-run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for (grant, revoke, user) in [
+        (grant_naming_none, revoke_naming_it, "anne"),
+        (grant_naming_it, revoke_naming_none, "bob"),
+    ] {
+        assert!(
+            text.contains(&format!(
+                "row {grant}: skip write document:1#viewer@user:{user} (superseded by row \
+                 {revoke}, delivered)"
+            )),
+            "{text}"
+        );
+    }
+    assert!(!text.contains("replay"), "{text}");
+
+    // Without the configured store, the dry run says what it cannot tell, and how to tell it.
+    let out = env
+        .command(&["retry", "--dead", "--dry-run"])
+        .env_remove("FGA_STORE_ID")
+        .output()
+        .unwrap();
+    let said = crate::common::relay::said(&out);
+    assert!(
+        said.contains("--store-id") && said.contains("FGA_STORE_ID"),
+        "{said}"
+    );
+
+    // What the relay does with them, once they come back: it skips both.
+    assert_success(
+        &env.command(&["retry", "--dead"]).output().unwrap(),
+        "retry --dead",
+    );
+    assert_success(
+        &env.command(&["drain", "--timeout", "20s"])
+            .output()
+            .unwrap(),
+        "drain",
+    );
+    for grant in [grant_naming_none, grant_naming_it] {
+        let row = env.row(grant).await;
+        assert!(
+            row.delivered
+                && row
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("skipped")),
+            "{row:?}"
+        );
+    }
+    assert!(env.fga.tuples().is_empty(), "{:?}", env.fga.tuples());
+}
