@@ -18,7 +18,7 @@ const PRUNE_BATCH: i64 = 1000;
 pub struct Prune {
     #[command(flatten)]
     db: DbArgs,
-    /// E.g. 30d, 12h.
+    /// How long to keep delivered rows, e.g. 90d, 12h; longer than zero.
     #[arg(long, value_name = "DURATION")]
     older_than: String,
     /// Only rows of this store: the store id the rows name, or `none` for the rows that name
@@ -41,6 +41,21 @@ impl Prune {
             configured,
         } = self;
         let age = config::parse_duration("--older-than", &older_than)?;
+        if age.is_zero() {
+            // Down to a row delivered a moment ago: the evidence that `retry`'s look for
+            // superseded operations and `reconcile` read.
+            return Err(ConfigError::new(
+                "--older-than",
+                format!(
+                    "{:?} would delete every delivered row, even one delivered a moment ago, \
+                     which retry (to skip what later rows superseded) and reconcile read as \
+                     evidence: give how long to keep delivered rows, such as 90d (as long as \
+                     you may want to reconcile)",
+                    older_than.trim()
+                ),
+            )
+            .into());
+        }
         let only = only
             .as_deref()
             .map(store_filter)

@@ -396,11 +396,18 @@ async fn status_retry_and_prune() {
         .unwrap()
         .get(0);
     assert_eq!(n, 3);
+    client
+        .execute(
+            "UPDATE fga_outbox SET processed_at = now() - interval '2 hours' WHERE id = $1",
+            &[&delivered],
+        )
+        .await
+        .unwrap();
     assert_success(
-        &env.command(&["prune", "--older-than", "0s"])
+        &env.command(&["prune", "--older-than", "1h"])
             .output()
             .unwrap(),
-        "prune 0s",
+        "prune 1h, the delivered row 2 hours old",
     );
     let n: i64 = client
         .query_one("SELECT count(*) FROM fga_outbox", &[])
@@ -1206,4 +1213,49 @@ async fn retry_dry_run_takes_the_configured_store_named_or_not_as_one_store() {
         );
     }
     assert!(env.fga.tuples().is_empty(), "{:?}", env.fga.tuples());
+}
+
+/// `prune --older-than 0s` would delete every delivered row, down to the one delivered a moment
+/// ago, which `retry`'s look for superseded operations and `reconcile` read: it is refused (exit
+/// 2), saying what to give instead, and nothing is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_refuses_a_zero_duration_saying_what_to_give() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let delivered =
+        insert_delivered(&admin, writes(&[tk("user:anne", "viewer", "document:1")])).await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET processed_at = now() - interval '1 hour' WHERE id = $1",
+            &[&delivered],
+        )
+        .await
+        .unwrap();
+    for zero in ["0s", "0ms", " 0s "] {
+        let out = env
+            .command(&["prune", "--older-than", zero])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{zero:?}: {err}");
+        assert!(
+            err.contains("--older-than") && err.contains("90d") && err.lines().count() == 1,
+            "{zero:?}: {err}"
+        );
+    }
+    assert_eq!(
+        count(&admin, "SELECT count(*) FROM fga_outbox", &[]).await,
+        1,
+        "nothing deleted"
+    );
+    assert_success(
+        &env.command(&["prune", "--older-than", "1m"])
+            .output()
+            .unwrap(),
+        "prune 1m",
+    );
+    assert_eq!(
+        count(&admin, "SELECT count(*) FROM fga_outbox", &[]).await,
+        0
+    );
 }
