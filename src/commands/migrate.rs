@@ -57,6 +57,18 @@ impl Migrate {
             Err(SchemaProblem::Db(e)) if crate::db::is_lock_wait(&e) => {
                 return Err(Failure::LockWait(crate::db::describe(&e)));
             }
+            Err(SchemaProblem::Db(e))
+                if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+            {
+                return Err(anyhow::anyhow!(
+                    "migrate failed: {}: migrate creates and alters the table, its indexes, \
+                     triggers and functions, which only their owner may (not the relay's role, \
+                     by design): {}",
+                    crate::db::describe(&e),
+                    super::open::run_as_owner(&client, &db.table, "migrate").await
+                )
+                .into());
+            }
             Err(SchemaProblem::Db(e)) => {
                 return Err(anyhow::anyhow!("migrate failed: {}", crate::db::describe(&e)).into());
             }

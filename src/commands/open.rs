@@ -2,7 +2,7 @@
 //! for, for the daemon), and for `run` and `drain` a relay with its OpenFGA client checked.
 
 use super::failure::Failure;
-use crate::config::{Auth, DbSettings, DeliverySettings, FgaSettings};
+use crate::config::{Auth, DbSettings, DeliverySettings, FgaSettings, TableName};
 use crate::db::hint::{self, Explained};
 use crate::db::{PgConnect, SharedPg};
 use crate::liveness::Liveness;
@@ -39,6 +39,25 @@ pub(super) async fn store_failure(store: &Store, e: StoreError) -> Failure {
         return Failure::Other(anyhow::anyhow!("{e}: {lacks}"));
     }
     e.into()
+}
+
+/// As which role to run `command`, which does what only the owner of the table may (`migrate`'s
+/// DDL, `prune`'s DELETE, neither of which the relay's role is granted, by design): its owner,
+/// read from the catalog; where there is no table yet, a role that may create it.
+pub(super) async fn run_as_owner(
+    client: &tokio_postgres::Client,
+    table: &TableName,
+    command: &str,
+) -> String {
+    match crate::db::probe::table_owner(client, table).await {
+        Ok(Some(owner)) => format!("run {command} as the owner of {table}, role {owner}"),
+        Ok(None) => format!(
+            "run {command} as a role that may create tables in the schema (CREATE on it): it \
+             then owns {table}, and runs migrate and prune"
+        ),
+        // The catalog unread: the owner is still the answer, unnamed.
+        Err(_) => format!("run {command} as the owner of {table}"),
+    }
 }
 
 /// Why the schema could not be checked.

@@ -2,13 +2,15 @@
 
 use super::failure::Failure;
 use super::lock_wait;
-use super::open::open_store;
+use super::open::{open_store, run_as_owner};
 use crate::config::{self, ConfigError, DbSettings};
 use crate::output;
 use crate::payload::store_filter;
 use crate::settings::DbArgs;
+use crate::store::{Store, StoreError};
 use clap::Args;
 use std::process::ExitCode;
+use tokio_postgres::error::SqlState;
 use tracing::info;
 
 /// Rows deleted per `prune` statement: small enough that no batch holds locks for long.
@@ -84,7 +86,7 @@ async fn prune(
     let store = open_store(db, "fga-relay prune").await?;
     let (mut total, mut held, mut held_by, mut after) = (0u64, 0u64, None::<i64>, 0i64);
     let kept_from = loop {
-        let batch = store
+        let batch = match store
             .prune_batch(
                 cutoff,
                 PRUNE_BATCH,
@@ -92,7 +94,11 @@ async fn prune(
                 configured.as_deref(),
                 after,
             )
-            .await?;
+            .await
+        {
+            Ok(batch) => batch,
+            Err(e) => return Err(prune_failure(&store, e).await),
+        };
         total += batch.deleted;
         held += batch.held;
         held_by = held_by.into_iter().chain(batch.held_by).min();
@@ -127,4 +133,21 @@ async fn prune(
         ));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prune's database error; where the role may not delete (the relay's own role, by design), with
+/// the role to run it as.
+async fn prune_failure(store: &Store, e: StoreError) -> Failure {
+    if let StoreError::Db(db) = &e
+        && db.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
+        && let Ok(client) = store.pool().get().await
+    {
+        let table = store.table();
+        return Failure::Other(anyhow::anyhow!(
+            "{e}: prune deletes rows, which the relay's role may not (by design): {}, or as a \
+             role granted DELETE on {table} (and SELECT and UPDATE, which its row locks need)",
+            run_as_owner(&client, table, "prune").await
+        ));
+    }
+    e.into()
 }

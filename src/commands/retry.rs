@@ -16,12 +16,12 @@
 
 use super::failure::Failure;
 use super::lock_wait;
-use super::open::open_store;
+use super::open::{open_store, store_failure};
 use crate::config::{ConfigError, DbSettings};
 use crate::output;
 use crate::payload::{Op, Payload, TupleKey, store_filter};
 use crate::settings::DbArgs;
-use crate::store::{RowState, Store};
+use crate::store::{RowState, Store, StoreError};
 use clap::Args;
 use std::process::ExitCode;
 use tracing::info;
@@ -104,6 +104,15 @@ impl Retry {
 
 async fn retry(db: &DbSettings, asked: Asked) -> Result<ExitCode, Failure> {
     let store = open_store(db, "fga-relay retry").await?;
+    match retry_rows(&store, asked).await {
+        Ok(exit) => Ok(exit),
+        // A role without the relay's grants is told the GRANT, as `status` tells it.
+        Err(e) => Err(store_failure(&store, e).await),
+    }
+}
+
+/// What `retry` does once the table is there.
+async fn retry_rows(store: &Store, asked: Asked) -> Result<ExitCode, StoreError> {
     let which = (!asked.dead).then_some(asked.ids.as_slice());
     let only = asked.only.as_deref();
     if asked.dry_run {
@@ -121,7 +130,7 @@ async fn retry(db: &DbSettings, asked: Asked) -> Result<ExitCode, Failure> {
                 row.id,
                 row.last_error.as_deref().unwrap_or("(no error recorded)")
             ));
-            for line in preview(&store, row.id, &row.payload, asked.configured.as_deref()).await? {
+            for line in preview(store, row.id, &row.payload, asked.configured.as_deref()).await? {
                 output::line(line);
             }
         }
@@ -131,7 +140,7 @@ async fn retry(db: &DbSettings, asked: Asked) -> Result<ExitCode, Failure> {
             .copied()
             .filter(|id| !rows.iter().any(|r| r.id == *id))
             .collect();
-        for line in left_alone(&store, &left, only).await? {
+        for line in left_alone(store, &left, only).await? {
             output::line(line);
         }
         output::line(format_args!(
@@ -155,7 +164,7 @@ async fn retry(db: &DbSettings, asked: Asked) -> Result<ExitCode, Failure> {
         .copied()
         .filter(|id| !sent.iter().any(|(s, _)| s == id))
         .collect();
-    for line in left_alone(&store, &left, only).await? {
+    for line in left_alone(store, &left, only).await? {
         output::line(line);
     }
     output::line(format_args!("{} row(s) sent back to pending", sent.len()));
@@ -188,7 +197,7 @@ async fn left_alone(
     store: &Store,
     ids: &[i64],
     only: Option<&str>,
-) -> Result<Vec<String>, Failure> {
+) -> Result<Vec<String>, StoreError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -234,7 +243,7 @@ async fn preview(
     id: i64,
     text: &Result<String, String>,
     configured: Option<&str>,
-) -> Result<Vec<String>, Failure> {
+) -> Result<Vec<String>, StoreError> {
     let payload = match text {
         Ok(t) => Payload::parse_text(t).map_err(|e| e.to_string()),
         Err(e) => Err(e.clone()),
@@ -244,11 +253,7 @@ async fn preview(
         Err(e) => return Ok(vec![format!("row {id}: {e} (dead-lettered again)")]),
     };
     let keys: Vec<&TupleKey> = ops.iter().map(Op::key).collect();
-    let conn = store
-        .pool()
-        .get()
-        .await
-        .map_err(crate::store::StoreError::from)?;
+    let conn = store.pool().get().await?;
     // As the relay keys a row's store (`Target::store_key`): "" for the configured store, whether
     // the row names it or none. Not known, a row naming it is taken as another store's.
     let row_store = row_store
@@ -257,8 +262,7 @@ async fn preview(
         .unwrap_or("");
     let skipped = store
         .superseded(&conn, id, &keys, row_store, configured)
-        .await
-        .map_err(crate::store::StoreError::from)?;
+        .await?;
     Ok(ops
         .iter()
         .enumerate()

@@ -13,6 +13,7 @@ pub type Probe = Result<String, String>;
 
 const PRIVILEGES: &str = include_str!("../../sql/queries/check_privileges.sql");
 const PENDING_RELATIONS: &str = include_str!("../../sql/queries/check_pending_relations.sql");
+const TABLE_OWNER: &str = include_str!("../../sql/queries/table_owner.sql");
 
 /// How long the other connections' transactions may keep the first from getting a backend:
 /// past it, the first waits for a server connection a pooler has lent out.
@@ -154,4 +155,14 @@ pub async fn pending_relations(
         .iter()
         .filter_map(|r| Some((r.try_get(0).ok()?, r.try_get(1).ok()?)))
         .collect())
+}
+
+/// The role that owns `table` (`None`: there is no such table), for a command refused what only
+/// the owner may do to say as which role to run it.
+pub async fn table_owner(
+    client: &Client,
+    table: &TableName,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let row = client.query_opt(TABLE_OWNER, &[&table.as_str()]).await?;
+    row.map(|r| r.try_get(0)).transpose()
 }

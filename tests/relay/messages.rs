@@ -262,3 +262,77 @@ async fn a_store_without_a_model_is_said_at_start() {
         .await;
     assert!(!relay.logs().contains(" ERROR "), "{}", relay.logs());
 }
+
+/// A command run as a role that lacks what it needs says as which role to run it: `prune` (the
+/// only DELETE) and `migrate` (DDL), run as the relay's own role, which may do neither by design,
+/// name the table's owner (or a role granted DELETE, for `prune`); `retry` and `prune` as a
+/// role with no grant at all name, respectively, the GRANT the relay's commands need and the
+/// owner. Each says the database's error once, and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_run_as_a_role_lacking_its_privilege_says_which_role_may_run_it() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let roles = env.command(&["sql", "--roles"]).output().unwrap();
+    admin
+        .batch_execute(&String::from_utf8(roles.stdout).unwrap())
+        .await
+        .unwrap();
+    admin
+        .batch_execute(
+            "CREATE ROLE relayer LOGIN; GRANT fga_outbox_relay TO relayer; \
+             CREATE ROLE nobody LOGIN; \
+             INSERT INTO fga_outbox (payload, processed_at) \
+               VALUES ('{\"writes\": []}', now() - interval '2 hours'); \
+             INSERT INTO fga_outbox (payload, failed_at, last_error) \
+               VALUES ('{\"writes\": []}', now(), 'test')",
+        )
+        .await
+        .unwrap();
+    let as_role = |role: &str, args: &[&str]| {
+        let url = env
+            .db
+            .url()
+            .replace("user=postgres", &format!("user={role}"));
+        let out = env.command(args).env("DATABASE_URL", url).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{role} {args:?}: {err}");
+        assert_eq!(
+            err.matches("permission denied").count() + err.matches("must be owner").count(),
+            1,
+            "{role} {args:?}: {err}"
+        );
+        err
+    };
+    for role in ["relayer", "nobody"] {
+        let err = as_role(role, &["prune", "--older-than", "1h"]);
+        assert!(
+            err.contains(
+                "run prune as the owner of fga_outbox, role postgres, or as a role granted \
+                 DELETE on fga_outbox"
+            ),
+            "{role}: {err}"
+        );
+    }
+    let err = as_role("relayer", &["migrate"]);
+    assert!(
+        err.contains("run migrate as the owner of fga_outbox, role postgres"),
+        "{err}"
+    );
+    let err = as_role("nobody", &["retry", "--dead"]);
+    assert!(err.contains("GRANT fga_outbox_relay TO nobody"), "{err}");
+    assert_eq!(
+        crate::common::pg::count(
+            &admin,
+            "SELECT count(*) FROM fga_outbox WHERE failed_at IS NOT NULL",
+            &[]
+        )
+        .await,
+        1,
+        "nothing changed"
+    );
+    assert_eq!(
+        crate::common::pg::count(&admin, "SELECT count(*) FROM fga_outbox", &[]).await,
+        2,
+        "nothing deleted"
+    );
+}
