@@ -55,7 +55,7 @@ pub fn resolve(
         rest.parse::<Config>().map_err(|e| {
             ConfigError::new(
                 URL_SETTING,
-                format!("not a PostgreSQL connection string ({e})"),
+                format!("not a PostgreSQL connection string: {}", parse_error(&e)),
             )
         })?
     };
@@ -88,6 +88,99 @@ pub fn resolve(
         target_session_attrs_given: rest.contains("target_session_attrs"),
         hosts_defaulted,
     })
+}
+
+/// libpq's connection options: an option tokio-postgres does not take is named only when it is
+/// one of these (any other name in a malformed string may be a piece of a password).
+const LIBPQ_OPTIONS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "require_auth",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "keepalives_retries",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "sslnegotiation",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslkeylogfile",
+    "sslpassword",
+    "sslcertmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "target_session_attrs",
+    "load_balance_hosts",
+];
+
+/// What the parser found wrong with a connection string, said without any piece of the string.
+/// tokio-postgres' own words quote pieces of it (an option it does not take, the character it
+/// tripped on), and in a malformed string those may be pieces of the password: one holding an
+/// unescaped `&`, `=` or space is read as more options. Its error's own text ("invalid connection
+/// string") says nothing of what is wrong; its source does.
+fn parse_error(e: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(detail) => without_the_string(&detail.to_string()),
+        None => e.to_string(),
+    }
+}
+
+/// [`parse_error`]'s detail with every piece of the string left out, and what to do.
+fn without_the_string(detail: &str) -> String {
+    const VALUES: &str = "a value holding `&`, `=` or a space must be percent-encoded in a \
+                          URL (%26, %3D, %20), or quoted in the key=value form (password='a b')";
+    if let Some(option) = detail
+        .strip_prefix("unknown option `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        return if LIBPQ_OPTIONS.contains(&option) {
+            format!("libpq's option `{option}` is not one the relay takes: leave it out")
+        } else {
+            format!(
+                "an option libpq does not know either (not shown: it may be a piece of a \
+                 password); {VALUES}"
+            )
+        };
+    }
+    // "unexpected character at byte N: expected `=` but got `c`": the character is the string's.
+    if let Some((expected, _)) = detail.split_once(" but got `") {
+        return format!("{expected}; {VALUES}");
+    }
+    // Any other quoted piece is shown only when it is an option's name.
+    detail
+        .split('`')
+        .enumerate()
+        .map(|(i, piece)| match i % 2 {
+            0 => piece.to_owned(),
+            _ if LIBPQ_OPTIONS.contains(&piece) || piece == "=" => format!("`{piece}`"),
+            _ => "`…`".to_owned(),
+        })
+        .collect()
 }
 
 /// Fills in what the connection string left out of where to connect and as whom from libpq's
@@ -359,5 +452,61 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.setting.contains("DATABASE_URL"));
+    }
+
+    #[test]
+    fn a_malformed_string_is_said_without_any_piece_of_it() {
+        // (the string, what is said, pieces of it never said)
+        let cases: [(&str, &str, &[&str]); 7] = [
+            (
+                "postgresql://relay:urlSecret1@db:54x2/app",
+                "invalid value for option `port`",
+                &["urlSecret1", "54x2"],
+            ),
+            (
+                "postgresql://relay@db/app?password=Qx7&Secret2zz=1",
+                "an option libpq does not know either",
+                &["Qx7", "Secret2zz"],
+            ),
+            (
+                "host=db password=kv Secret3=x",
+                "an option libpq does not know either",
+                &["kv", "Secret3"],
+            ),
+            (
+                "host=db password=kv Sec4 Sec5=x",
+                "expected `=`; a value holding",
+                &["Sec4", "`S`"],
+            ),
+            (
+                "host=db password='unterminated Secret6",
+                "unterminated quoted connection parameter value",
+                &["Secret6"],
+            ),
+            (
+                "postgresql://relay@db/app?service=prod&password=Secret7",
+                "libpq's option `service` is not one the relay takes",
+                &["Secret7"],
+            ),
+            (
+                "postgresql://re%FFlay:Secret8@db/app",
+                "invalid utf-8",
+                &["Secret8"],
+            ),
+        ];
+        for (url, says, never) in cases {
+            let err = resolve(Some(url), &with(&[]), false)
+                .err()
+                .unwrap_or_else(|| panic!("{url} parsed"));
+            let line = err.to_string();
+            assert!(line.contains(says), "{url}: {line}");
+            for piece in never.iter().chain(&[url]) {
+                assert!(!line.contains(piece), "{url}: {piece:?} in {line}");
+            }
+        }
+        assert_eq!(
+            without_the_string("invalid value `Secret9` for `sslmode`"),
+            "invalid value `…` for `sslmode`"
+        );
     }
 }

@@ -336,3 +336,69 @@ async fn a_command_run_as_a_role_lacking_its_privilege_says_which_role_may_run_i
         "nothing deleted"
     );
 }
+
+/// A malformed `DATABASE_URL` exits 2 with one line naming the setting and what is wrong with
+/// it, as the parser found it, and never the string, its password, or a piece of it the parser
+/// tripped on (a password holding `&` or a space, unescaped, is read as more options): the
+/// option it could not take is named only when it is one of libpq's.
+#[test]
+fn a_malformed_database_url_says_what_is_wrong_and_never_its_password() {
+    // (DATABASE_URL, what the line must say, what it must never say)
+    let cases: [(&str, &str, &[&str]); 6] = [
+        (
+            "postgresql://relay:urlSecret1@db.internal:54x2/app",
+            "invalid value for option `port`",
+            &["urlSecret1"],
+        ),
+        (
+            "postgresql://relay@db.internal/app?password=Qx7&Secret2zz=1",
+            "an option libpq does not know either",
+            &["Qx7", "Secret2zz"],
+        ),
+        (
+            "host=db.internal user=relay password=kv Secret3=x",
+            "an option libpq does not know either",
+            &["Secret3"],
+        ),
+        (
+            "host=db.internal user=relay password=kv Sec4 Sec5=x",
+            "expected `=`; a value holding",
+            &["Sec4", "`S`"],
+        ),
+        (
+            "host=db.internal user=relay password='unterminated Secret6",
+            "unterminated quoted connection parameter value",
+            &["Secret6"],
+        ),
+        (
+            "postgresql://relay@db.internal/app?service=prod&password=Secret7",
+            "libpq's option `service` is not one the relay takes",
+            &["Secret7"],
+        ),
+    ];
+    for (url, says, never) in cases {
+        for command in ["status", "check"] {
+            let out = crate::common::relay::command(
+                std::path::Path::new(crate::common::relay::BIN),
+                &[command],
+            )
+            .env("DATABASE_URL", url)
+            .env("FGA_STORE_ID", "01HZZZZZZZZZZZZZZZZZZZZZZZ")
+            .env("RUST_LOG", "trace")
+            .output()
+            .unwrap();
+            let said = crate::common::relay::said(&out);
+            assert_eq!(out.status.code(), Some(2), "{command} {url}: {said}");
+            assert!(
+                said.contains("DATABASE_URL") && said.contains(says),
+                "{command} {url}: {said}"
+            );
+            for secret in never.iter().chain(&[url]) {
+                assert!(
+                    !said.contains(secret),
+                    "{command} {url}: {secret:?} in {said}"
+                );
+            }
+        }
+    }
+}
