@@ -178,6 +178,13 @@ pub fn is_lock_wait(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
 }
 
+/// A statement that waited [`COMMAND_LOCK_TIMEOUT`] for a lock in vain, as said (what failed and
+/// the database's words), kept apart where errors travel as `anyhow` (`reconcile`'s), so that the
+/// command can still name the session that held the lock.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LockWaited(pub String);
+
 /// The longest a delivering relay's transaction may stay idle (the server ends it past that):
 /// each Write's transaction is idle while the Write runs and, when OpenFGA's answer needs a
 /// look, the one request after it (a read-back, a GetStore), each bounded by `request_timeout`

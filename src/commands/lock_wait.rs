@@ -1,9 +1,9 @@
 //! A command's wait for a lock another session holds. Its sessions give up after
-//! [`COMMAND_LOCK_TIMEOUT`] (55P03); the command then exits 1 saying what it waited for, which
-//! sessions held it, and what to do. By then the wait is over and PostgreSQL no longer says who
-//! blocked it, so a watcher asks while the command runs: from its second second on, once a
-//! second, on a connection of its own, which sessions block the command's (`pg_blocking_pids`),
-//! keeping the last answer.
+//! [`COMMAND_LOCK_TIMEOUT`] (55P03); the command then exits 1 (`reconcile` 2, its status for an
+//! error) saying what it waited for, which sessions held it, and what to do. By then the wait is
+//! over and PostgreSQL no longer says who blocked it, so a watcher asks while the command runs:
+//! from its second second on, once a second, on a connection of its own, which sessions block
+//! the command's (`pg_blocking_pids`), keeping the last answer.
 
 use super::failure::Failure;
 use crate::config::DbSettings;

@@ -2,7 +2,9 @@
 //! (the check itself is [`crate::reconcile`]).
 
 use super::failure::Failure;
+use super::lock_wait;
 use crate::config::{self, ConfigError};
+use crate::db::LockWaited;
 use crate::payload::store_filter;
 use crate::reconcile::{self, Options, ReadBy, Verdict};
 use crate::settings::{DbArgs, FgaArgs};
@@ -79,19 +81,28 @@ impl Reconcile {
     }
 
     /// Exit status 0 when OpenFGA is in step with the outbox, 1 on drift (also when `--repair`
-    /// enqueued its corrections), 2 on error.
+    /// enqueued its corrections), 2 on error (a lock waited for in vain included, said with the
+    /// session that held it, as the other commands say it).
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let checked = async {
             let db = self.db.settings()?;
             let fga = self.fga.settings()?;
             let opts = self.options()?;
-            reconcile::run(&db, &fga, &opts).await
+            let run = async {
+                reconcile::run(&db, &fga, &opts).await.map_err(|e| {
+                    match e.downcast::<LockWaited>() {
+                        Ok(waited) => Failure::LockWait(waited.0),
+                        Err(e) => Failure::Other(e),
+                    }
+                })
+            };
+            lock_wait::bounded("reconcile", &db, run).await
         };
         Ok(match checked.await {
             Ok(Verdict::InStep) => ExitCode::SUCCESS,
             Ok(Verdict::Drift) => ExitCode::from(1),
             Err(e) => {
-                crate::telemetry::error_line(&format!("{e:#}"));
+                crate::telemetry::error_line(&e.to_string());
                 ExitCode::from(2)
             }
         })

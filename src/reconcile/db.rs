@@ -50,7 +50,11 @@ pub(super) struct Db {
 }
 
 pub(super) fn db_error(what: &str, e: tokio_postgres::Error) -> anyhow::Error {
-    anyhow::anyhow!("{what}: {}", crate::db::describe(&e))
+    let said = format!("{what}: {}", crate::db::describe(&e));
+    if crate::db::is_lock_wait(&e) {
+        return crate::db::LockWaited(said).into();
+    }
+    anyhow::anyhow!(said)
 }
 
 impl Db {
@@ -60,6 +64,12 @@ impl Db {
             .await
             .map_err(|e| db_error("cannot connect to PostgreSQL", e))?;
         tokio::spawn(conn);
+        // A lock another session holds (a table under LOCK, a long ALTER TABLE) fails a
+        // statement after COMMAND_LOCK_TIMEOUT, instead of holding the check for as long as that
+        // session keeps it; the command names the session.
+        crate::db::bound_lock_waits(&client)
+            .await
+            .map_err(|e| db_error("cannot set up the session", e))?;
         crate::schema::check(&client, &db.table)
             .await
             .map_err(|e| match e {

@@ -1259,3 +1259,33 @@ async fn prune_refuses_a_zero_duration_saying_what_to_give() {
         0
     );
 }
+
+/// `reconcile` behind `LOCK fga_outbox IN ACCESS EXCLUSIVE MODE` held by another session exits
+/// with its error status (2: 1 says drift), naming that session, as the other commands do,
+/// rather than hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_behind_a_table_lock_exits_naming_the_holder() {
+    let env = Env::start().await;
+    let holder = env.db.connect().await;
+    holder
+        .batch_execute(
+            "SET application_name = 'maintenance'; BEGIN; \
+             LOCK fga_outbox IN ACCESS EXCLUSIVE MODE",
+        )
+        .await
+        .unwrap();
+    let pid = pid_of(&holder).await;
+    let out = output_within(env.command(&["reconcile"]), Duration::from_secs(30))
+        .await
+        .expect("reconcile exits within 30 s while the table is locked");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "reconcile: waited 10s for a lock on fga_outbox held by session pid {pid} \
+             (maintenance, idle in transaction since"
+        )) && stderr.contains("run reconcile again"),
+        "{stderr}"
+    );
+    drop(holder);
+}
