@@ -49,7 +49,7 @@ pub(super) async fn run_as_owner(
     table: &TableName,
     command: &str,
 ) -> String {
-    match crate::db::probe::table_owner(client, table).await {
+    match crate::db::probe::table_owner(client, table.as_str()).await {
         Ok(Some(owner)) => format!("run {command} as the owner of {table}, role {owner}"),
         Ok(None) => format!(
             "run {command} as a role that may create tables in the schema (CREATE on it): it \

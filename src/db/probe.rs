@@ -161,8 +161,8 @@ pub async fn pending_relations(
 /// the owner may do to say as which role to run it.
 pub async fn table_owner(
     client: &Client,
-    table: &TableName,
+    table: &str,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    let row = client.query_opt(TABLE_OWNER, &[&table.as_str()]).await?;
+    let row = client.query_opt(TABLE_OWNER, &[&table]).await?;
     row.map(|r| r.try_get(0)).transpose()
 }

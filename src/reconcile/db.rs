@@ -407,6 +407,21 @@ impl Db {
                     self.table
                 );
             }
+            if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                let denied = crate::db::describe(&e);
+                // Rolled back as it drops, before the owner is looked up on its session.
+                drop(tx);
+                let owner = match crate::db::probe::table_owner(&self.client, &self.table).await {
+                    Ok(Some(owner)) => format!(", role {owner}"),
+                    _ => String::new(),
+                };
+                anyhow::bail!(
+                    "cannot lock {table} for the repair: {denied}: --repair locks the table and \
+                     inserts its corrections, which the relay's role may not (by design): run \
+                     reconcile --repair as the owner of {table}{owner}; nothing was enqueued",
+                    table = self.table
+                );
+            }
             return Err(db_error("cannot lock the outbox for the repair", e));
         }
         let left_alone = tx

@@ -264,10 +264,11 @@ async fn a_store_without_a_model_is_said_at_start() {
 }
 
 /// A command run as a role that lacks what it needs says as which role to run it: `prune` (the
-/// only DELETE) and `migrate` (DDL), run as the relay's own role, which may do neither by design,
-/// name the table's owner (or a role granted DELETE, for `prune`); `retry` and `prune` as a
-/// role with no grant at all name, respectively, the GRANT the relay's commands need and the
-/// owner. Each says the database's error once, and changes nothing.
+/// only DELETE), `migrate` (DDL) and `reconcile --repair` (a table lock and inserts), run as the
+/// relay's own role, which may do none of them by design, name the table's owner (or a role
+/// granted DELETE, for `prune`); `retry` and `prune` as a role with no grant at all name,
+/// respectively, the GRANT the relay's commands need and the owner. Each says the database's
+/// error once, and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_run_as_a_role_lacking_its_privilege_says_which_role_may_run_it() {
     let env = Env::start().await;
@@ -320,6 +321,29 @@ async fn a_command_run_as_a_role_lacking_its_privilege_says_which_role_may_run_i
     );
     let err = as_role("nobody", &["retry", "--dead"]);
     assert!(err.contains("GRANT fga_outbox_relay TO nobody"), "{err}");
+    // A delivered grant OpenFGA lacks: drift, which only the owner may repair.
+    admin
+        .execute(
+            "INSERT INTO fga_outbox (payload, processed_at) VALUES ($1, now())",
+            &[&writes(&[tk("user:anne", "viewer", "document:1")])],
+        )
+        .await
+        .unwrap();
+    let out = env
+        .command(&["reconcile", "--repair"])
+        .env(
+            "DATABASE_URL",
+            env.db.url().replace("user=postgres", "user=relayer"),
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("permission denied")
+            && err.contains("run reconcile --repair as the owner of fga_outbox, role postgres"),
+        "{err}"
+    );
     assert_eq!(
         crate::common::pg::count(
             &admin,
@@ -332,8 +356,8 @@ async fn a_command_run_as_a_role_lacking_its_privilege_says_which_role_may_run_i
     );
     assert_eq!(
         crate::common::pg::count(&admin, "SELECT count(*) FROM fga_outbox", &[]).await,
-        2,
-        "nothing deleted"
+        3,
+        "nothing deleted, nothing enqueued"
     );
 }
 
