@@ -86,11 +86,15 @@ pub struct StoreCounts {
     pub dead: i64,
 }
 
-/// The rows pending when `drain` started: their ids' range (none pending: `None`) and when.
-#[derive(Debug, Clone, Copy)]
+/// The rows pending when `drain` started: their ids' range (none pending: `None`), when, and the
+/// rows of that range already dead then.
+#[derive(Debug, Clone)]
 pub struct DrainStart {
     pub ids: Option<(i64, i64)>,
     pub at: SystemTime,
+    /// Dead at the start: not among the rows the drain counts dead (whatever their `failed_at`
+    /// says, since a transaction's clock is when it began, not when it committed).
+    pub dead: Vec<i64>,
 }
 
 /// What became of the rows pending when `drain` started.
@@ -128,11 +132,11 @@ pub struct DeadReason {
 
 /// Which dead rows [`Store::dead_newest`] lists.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DeadFilter {
-    /// Dead since then.
-    pub since: Option<SystemTime>,
+pub struct DeadFilter<'a> {
     /// Of ids in this range.
     pub ids: Option<(i64, i64)>,
+    /// But for these.
+    pub except: &'a [i64],
 }
 
 /// What a row is, for `retry` to say why it left one as it is.
@@ -643,6 +647,7 @@ impl Store {
         Ok(DrainStart {
             ids: lo.zip(hi),
             at: row.try_get(2)?,
+            dead: row.try_get(3)?,
         })
     }
 
@@ -653,7 +658,7 @@ impl Store {
         };
         let client = self.pool.get().await?;
         let row = client
-            .query_one(&self.q.drain_outcome, &[&lo, &hi, &start.at])
+            .query_one(&self.q.drain_outcome, &[&lo, &hi, &start.at, &start.dead])
             .await?;
         Ok(DrainOutcome {
             delivered: row.try_get(0)?,
@@ -665,13 +670,13 @@ impl Store {
     /// The `limit` most recently dead rows that `filter` takes (`dead_newest.sql`).
     pub async fn dead_newest(
         &self,
-        filter: DeadFilter,
+        filter: DeadFilter<'_>,
         limit: i64,
     ) -> Result<Vec<DeadRow>, StoreError> {
         let client = self.pool.get().await?;
         let (lo, hi) = filter.ids.unzip();
         let rows = client
-            .query(&self.q.dead_newest, &[&filter.since, &lo, &hi, &limit])
+            .query(&self.q.dead_newest, &[&filter.except, &lo, &hi, &limit])
             .await?;
         Ok(rows
             .iter()

@@ -101,9 +101,10 @@ async fn report(relay: &Relay, start: &DrainStart, outcome: &DrainOutcome) -> Re
     if dead == 0 {
         return Ok(());
     }
+    // The rows of the range dead since the start, told by their ids as the count tells them.
     let filter = DeadFilter {
-        since: Some(start.at),
         ids: start.ids,
+        except: &start.dead,
     };
     // A list that does not come leaves the counts, and the exit status they give, as they are.
     let newest = relay

@@ -1289,3 +1289,80 @@ async fn reconcile_behind_a_table_lock_exits_naming_the_holder() {
     );
     drop(holder);
 }
+
+/// A row dead-lettered by a transaction that began before `drain` started and committed after
+/// drain counted the rows pending (an operator's `UPDATE … SET failed_at = now()` left open
+/// a while, as the runbook's fix for a deleted store's rows is written) was pending at the
+/// drain's start: the drain counts it dead and exits 3, rather than exit 0 with the row counted
+/// nowhere (its `failed_at`, the transaction's start, is older than the drain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_counts_a_row_dead_lettered_by_a_transaction_begun_before_it() {
+    let env = Env::start().await;
+    // Among the rows the drain counts (by id, from the lowest pending to the highest), one
+    // delivered and one dead before it started, which are not its.
+    let delivered = env
+        .insert(writes(&[tk("user:bob", "viewer", "document:1")]))
+        .await;
+    let dead_before = insert_dead(
+        &env.db.connect().await,
+        writes(&[tk("user:carl", "viewer", "document:1")]),
+    )
+    .await;
+    let id = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    let operator = env.db.connect().await;
+    operator.batch_execute("BEGIN").await.unwrap();
+    operator
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now(), last_error = 'given up on by hand' \
+             WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let dir =
+        std::env::temp_dir().join(format!("fga-relay-drain-test-{}-{id}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (stdout, stderr) = (dir.join("stdout"), dir.join("stderr"));
+    let mut drain = env
+        .command(&["drain", "--timeout", "30s"])
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    // It counted the rows pending (the row among them: its change is not committed) before it
+    // leads.
+    wait_until(PROMPTLY, "drain leads", || async {
+        std::fs::read_to_string(&stderr)
+            .unwrap_or_default()
+            .contains("delivering (leader)")
+    })
+    .await;
+    operator.batch_execute("COMMIT").await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        if let Some(status) = drain.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = drain.kill();
+            panic!(
+                "drain did not exit:\n{}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let out = std::fs::read_to_string(&stdout).unwrap();
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status.code(), Some(3), "{out}\n{err}");
+    assert!(
+        out.contains("delivered 1, dead 1, still pending 0")
+            && out.contains(&format!("dead row {id}: given up on by hand"))
+            && !out.contains(&format!("dead row {dead_before}:")),
+        "{out}"
+    );
+    assert!(env.row(delivered).await.delivered);
+}
