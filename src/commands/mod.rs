@@ -30,3 +30,13 @@ pub use retry::Retry;
 pub use run::Run;
 pub use sql::Sql;
 pub use status::Status;
+
+/// The relay's configured store as a command takes it (`--store-id`, `FGA_STORE_ID`): an empty
+/// value is unset, as for every setting.
+fn configured_store(given: Option<String>) -> Option<String> {
+    given
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}

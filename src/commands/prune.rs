@@ -70,7 +70,13 @@ impl Prune {
         lock_wait::bounded(
             "prune",
             &db,
-            prune(&db, cutoff, &older_than, only, configured),
+            prune(
+                &db,
+                cutoff,
+                &older_than,
+                only,
+                super::configured_store(configured),
+            ),
         )
         .await
     }

@@ -84,12 +84,7 @@ impl Retry {
             .map(store_filter)
             .transpose()
             .map_err(|e| ConfigError::new("--store", e))?;
-        // An empty value is unset, as for every setting.
-        let configured = configured
-            .as_deref()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned);
+        let configured = super::configured_store(configured);
         let asked = Asked {
             dead,
             dry_run,

@@ -521,6 +521,47 @@ async fn prune_keeps_the_rows_on_a_dead_rows_tuples_so_retry_revives_no_revoked_
     }
 }
 
+/// `FGA_STORE_ID` set but empty is unset, as for every setting: prune then keeps the rows naming
+/// no store above a retried row of any store (they may be that store's, if it is the configured
+/// one). Taken as a store id '' instead, they were their own store and went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_takes_an_empty_store_id_as_unset() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let retried = admin
+        .query_one(
+            "INSERT INTO fga_outbox (payload, retried_at) VALUES ($1, now()) RETURNING id",
+            &[&json!({"store_id": env.fga.store_id(), "writes": [
+                tk("user:anne", "viewer", "document:1")]})],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    let unnamed = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET processed_at = now() - interval '100 days' WHERE id = $1",
+            &[&unnamed],
+        )
+        .await
+        .unwrap();
+    let out = env
+        .command(&["prune", "--older-than", "90d"])
+        .env("FGA_STORE_ID", "")
+        .output()
+        .unwrap();
+    assert_success(&out, "prune");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("0 delivered row(s) deleted")
+            && said.contains(&format!("kept its store's rows from id {retried} up")),
+        "{said}"
+    );
+    assert_eq!(count(&admin).await, 2);
+}
+
 /// Tuples the application wrote to OpenFGA directly are not the outbox's to judge: counted, and
 /// listed with `--all`, but not drift.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
