@@ -141,12 +141,34 @@ impl Db {
     }
 
     pub(super) async fn newest_row(&self) -> anyhow::Result<i64> {
-        let row = self
-            .client
-            .query_one(&self.q.newest, &[])
-            .await
-            .map_err(|e| db_error("cannot read the outbox", e))?;
-        Ok(row.get(0))
+        match self.client.query_one(&self.q.newest, &[]).await {
+            Ok(row) => Ok(row.get(0)),
+            Err(e) => Err(self.read_failure(e).await),
+        }
+    }
+
+    /// The outbox's first read failed: with the grant it needs when the role may not read it.
+    async fn read_failure(&self, e: tokio_postgres::Error) -> anyhow::Error {
+        let denied = e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE);
+        let role = match denied {
+            true => {
+                self.client
+                    .query_one("SELECT current_user::text", &[])
+                    .await
+            }
+            false => return db_error("cannot read the outbox", e),
+        };
+        let who = role
+            .ok()
+            .and_then(|r| r.try_get::<_, String>(0).ok())
+            .unwrap_or_else(|| "its role".to_owned());
+        anyhow::anyhow!(
+            "cannot read the outbox: {}; reconcile reads {table}: GRANT SELECT ON {table} TO \
+             {who}, or run it as the relay's role or the table's owner (--repair also inserts \
+             and locks the table: as the owner)",
+            crate::db::describe(&e),
+            table = self.table,
+        )
     }
 
     /// Waits until every transaction that may be inserting rows into the outbox now has ended,

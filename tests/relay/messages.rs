@@ -359,6 +359,22 @@ async fn a_command_run_as_a_role_lacking_its_privilege_says_which_role_may_run_i
         3,
         "nothing deleted, nothing enqueued"
     );
+    // A role that may not even read the outbox is told the grant reconcile needs.
+    let out = env
+        .command(&["reconcile"])
+        .env(
+            "DATABASE_URL",
+            env.db.url().replace("user=postgres", "user=nobody"),
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("permission denied")
+            && err.contains("GRANT SELECT ON fga_outbox TO nobody, or run it as the relay's role"),
+        "{err}"
+    );
 }
 
 /// A malformed `DATABASE_URL` exits 2 with one line naming the setting and what is wrong with
