@@ -181,6 +181,22 @@ impl Core {
         closed
     }
 
+    /// The stores with rows in hand: queued, or in a Write in flight.
+    pub(super) fn served(&self) -> Vec<Option<Arc<str>>> {
+        let mut stores: Vec<Option<Arc<str>>> = self.lanes.flying_stores().cloned().collect();
+        let mut last: Option<&Option<Arc<str>>> = None;
+        // Rows come in runs of one store.
+        for c in self.queue.values() {
+            if last != Some(&c.target.store) {
+                last = Some(&c.target.store);
+                stores.push(c.target.store.clone());
+            }
+        }
+        stores.sort_unstable();
+        stores.dedup();
+        stores
+    }
+
     /// How many rows in hand could go in the one Write more a full window holds: those of
     /// stores with no Write in flight (see `Core::plan_spare`).
     pub(super) fn ready_for_spare(&self) -> usize {
@@ -210,6 +226,11 @@ impl Core {
 
     /// Whether the core counts nothing in flight: true whenever no Write is (checked in debug
     /// builds, so that counts that drift from the Writes show in tests).
+    /// No row in hand: none queued, none in flight.
+    pub(super) fn nothing_in_hand(&self) -> bool {
+        self.queue.is_empty() && self.nothing_flying()
+    }
+
     pub(super) fn nothing_flying(&self) -> bool {
         self.flying.is_empty() && self.in_flight.is_empty() && self.flying_rows.is_empty()
     }

@@ -121,6 +121,14 @@ impl Lanes {
     }
 
     /// How many Writes of `store` (`None`: the configured one) are in flight.
+    /// The stores with Writes in flight.
+    pub(super) fn flying_stores(&self) -> impl Iterator<Item = &Option<Arc<str>>> {
+        self.lanes
+            .iter()
+            .filter(|(_, l)| l.flying > 0)
+            .map(|(store, _)| store)
+    }
+
     pub(super) fn flying_of(&self, store: &Option<Arc<str>>) -> usize {
         self.lanes.get(store).map_or(0, |l| l.flying)
     }

@@ -88,15 +88,23 @@ impl Deliverer {
     /// Reads the lowest pending rows not in hand (of stores not held) into the queue: at most
     /// `limit`. With `lock` (nothing in hand, no store held), it reads them locked, and keeps
     /// the transaction that holds them for the next Write when every row read went into the
-    /// queue.
-    pub(super) async fn read_page(&mut self, limit: usize, lock: bool) -> Result<Read, StoreError> {
+    /// queue. `others`: only the stores with no row in hand, each from its own index once the
+    /// walk in id order falls short, as while a store is held (see `turn::FAIR_READ`).
+    pub(super) async fn read_page(
+        &mut self,
+        limit: usize,
+        lock: bool,
+        others: bool,
+    ) -> Result<Read, StoreError> {
         let hand = self.core.hand();
         self.full = self.core.full();
-        let closed = self.core.closed(
-            self.client.configured_store_id(),
-            &self.full,
-            Instant::now(),
-        );
+        let mut out = self.full.clone();
+        if others {
+            out.extend(self.core.served());
+        }
+        let closed = self
+            .core
+            .closed(self.client.configured_store_id(), &out, Instant::now());
         let closed: Vec<&str> = closed.iter().map(String::as_str).collect();
         let now = Instant::now();
         self.read_at = Some(now);
@@ -106,12 +114,12 @@ impl Deliverer {
         // past at every read. Only once the configured store's id is known: the rows naming it
         // are in one lane with the rows naming none, read together in id order.
         let configured = self.client.configured_store_id();
-        let how = match (self.left_out.is_empty(), configured) {
+        let how = match (self.left_out.is_empty() && !others, configured) {
             (true, _) if lock => Claim::Locked,
             (false, Some(id)) => Claim::ByLane(id.to_owned()),
             _ => Claim::InIdOrder,
         };
-        self.left_out.extend(self.full.iter().cloned());
+        self.left_out.extend(out);
         // Cleared on every way out, errors included: the rows looked at again later are not of
         // this read.
         let read = self.claim_into_queue(&hand, &closed, limit, how).await;

@@ -78,6 +78,69 @@ async fn a_hanging_store_does_not_hold_up_another_stores_rows() {
     another_stores_rows_go_while(Fault::Hang, 40, 6).await;
 }
 
+/// Store B has a backlog of thousands of rows, read in id order ahead of everything committed
+/// after it; its Writes succeed, each after 50 ms, one row each. The configured store's rows,
+/// committed one at a time meanwhile, each go within 2 s, while B still has rows pending: reads
+/// take the lowest pending ids, and without reading the other stores' rows anyway while B's fill
+/// the hand, the first waited for B's whole backlog to be read (22 s behind 40,000 rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stores_long_backlog_does_not_hold_up_another_stores_rows() {
+    let env = Env::start().await;
+    let b = env.fga.add_store();
+    env.fga.push_fault(
+        FaultRule::times(Fault::Delay(Duration::from_millis(50)), usize::MAX).when_store(&b),
+    );
+    let admin = env.db.connect().await;
+    admin
+        .execute(
+            "INSERT INTO fga_outbox (payload) SELECT jsonb_build_object('store_id', $1::text, \
+             'writes', jsonb_build_array(jsonb_build_object('user', 'user:b' || g, \
+             'relation', 'viewer', 'object', 'document:b'))) \
+             FROM generate_series(1, 5000) g",
+            &[&b],
+        )
+        .await
+        .unwrap();
+    let relay = env.spawn_relay(&[
+        ("FGA_RELAY_BATCH_SIZE", "20"),
+        ("FGA_MAX_TUPLES_PER_WRITE", "1"),
+    ]);
+    relay.wait_for_log("delivering (leader)").await;
+    wait_until(PROMPTLY, "B's Writes fill the window", || async {
+        env.fga.write_count() >= 16
+    })
+    .await;
+    let mut waited = Vec::new();
+    for n in 0..4 {
+        let from = Instant::now();
+        let id = env
+            .insert(writes(&[tk(&format!("user:a{n}"), "viewer", "document:a")]))
+            .await;
+        let at = poll_until(
+            Duration::from_secs(60),
+            Duration::from_millis(10),
+            || async { env.row(id).await.delivered },
+        )
+        .await;
+        waited.push(at.map(|at| at.duration_since(from)));
+    }
+    let left = crate::common::pg::count(
+        &admin,
+        "SELECT count(*) FROM fga_outbox WHERE processed_at IS NULL",
+        &[],
+    )
+    .await;
+    assert!(
+        waited
+            .iter()
+            .all(|w| w.is_some_and(|w| w < Duration::from_secs(2))),
+        "the configured store's rows waited behind store B's backlog: {waited:?} ({left} of \
+         B's rows left); relay log:\n{}",
+        relay.logs()
+    );
+    assert!(left > 0, "B's backlog was gone before the test could tell");
+}
+
 /// Store B worked, then goes down: every Write to it answers 500 from then on, while two Writes
 /// already on their way succeed a little later, as a server going down still answers the
 /// requests it holds. `--max-attempts 2`. Those late successes left before the row's failure:
