@@ -521,6 +521,45 @@ async fn prune_keeps_the_rows_on_a_dead_rows_tuples_so_retry_revives_no_revoked_
     }
 }
 
+/// Review (rev33): a delivered row kept for a dead row's tuple must not outlive a later row on
+/// another of its tuples. A dead grant of bob; then a row granting anne and bob (held: the dead
+/// row is below it on bob's tuple); then a revoke of anne. All old. Prune keeps the middle row
+/// for the dead one and deletes the revoke (no dead row touches anne's tuple): `reconcile` then
+/// reads the middle row's grant as anne's last operation and `--repair` grants anne again,
+/// though the revoke came later in id order. Without a retry or anything by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_prune_deletes_no_later_row_on_a_held_rows_tuples() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let anne = || tk("user:anne", "viewer", "document:1");
+    let bob = || tk("user:bob", "viewer", "document:2");
+    let dead = env.insert(writes(&[bob()])).await;
+    admin
+        .execute(
+            "UPDATE fga_outbox SET failed_at = now() - interval '101 days', \
+             last_error = 'rejected' WHERE id = $1",
+            &[&dead],
+        )
+        .await
+        .unwrap();
+    let both = env.insert(writes(&[anne(), bob()])).await;
+    let anne_revoke = env.insert(deletes(&[anne()])).await;
+    drain(&env);
+    assert!(!env.fga.has("user:anne", "viewer", "document:1"));
+    for id in [both, anne_revoke] {
+        age(&admin, id).await;
+    }
+    let out = prune(&env);
+    let o = reconcile(&env, &["--repair", "--json"]);
+    drain(&env);
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "reconcile --repair granted anne again; prune said:\n{out}\nreconcile said:\n{}\nrows left: {}",
+        o.stdout,
+        count(&admin).await
+    );
+}
+
 /// `FGA_STORE_ID` set but empty is unset, as for every setting: prune then keeps the rows naming
 /// no store above a retried row of any store (they may be that store's, if it is the configured
 /// one). Taken as a store id '' instead, they were their own store and went.
