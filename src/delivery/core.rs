@@ -199,14 +199,18 @@ impl Core {
 
     /// How many rows in hand could go in the one Write more a full window holds: those of
     /// stores with no Write in flight (see `Core::plan_spare`).
-    pub(super) fn ready_for_spare(&self) -> usize {
+    pub(super) fn ready_for_spare(&self, now: Instant) -> usize {
         let mut last: Option<(&Option<Arc<str>>, bool)> = None;
         let mut ready = 0;
-        // Rows come in runs of one store: one look a run.
+        // Rows come in runs of one store: one look a run. A held store's rows cannot go in it
+        // either (review rev33).
         for c in self.queue.values() {
             let idle = match last {
                 Some((store, idle)) if *store == c.target.store => idle,
-                _ => self.lanes.flying_of(&c.target.store) == 0,
+                _ => {
+                    self.lanes.flying_of(&c.target.store) == 0
+                        && self.lanes.held(&c.target, now).is_none()
+                }
             };
             last = Some((&c.target.store, idle));
             ready += usize::from(idle);

@@ -467,7 +467,7 @@ impl World {
         let ready = match self.flights.len() >= self.core.window()
             && self.clock - self.moved >= super::turn::STALLED
         {
-            true => self.core.ready_for_spare(),
+            true => self.core.ready_for_spare(now),
             false => self.core.queue.len().saturating_sub(self.core.stuck),
         };
         if ready < BATCH {
@@ -843,6 +843,73 @@ fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
     assert!(!world.core.let_go_held(now), "nothing more may go");
     // What is known of a row let go stays with its id, for when it is read again.
     assert_eq!(world.core.memo.get(&4).map(|m| m.strikes), Some(2));
+}
+
+/// Review (rev33): a stalled full window (store 1 hangs, window 1) with a read's worth of a
+/// *held* store's rows in hand (store 2, paused by a `Retry-After` of 60 s) counts those rows
+/// ready for the one Write more (`ready_for_spare` looks only at Writes in flight), so it does
+/// not read, and a row of a third store (0) committed meanwhile waits out the other store's
+/// pause, though the spare Write could take it at once.
+#[test]
+fn review_a_held_stores_rows_in_hand_do_not_keep_a_stalled_window_from_reading() {
+    let mut world = World::with_window(Some(1), 1);
+    world.health[1] = Health::Hang;
+    for tuple in [0, 1, 2, 0] {
+        world.apply(&Event::Insert {
+            store: 2,
+            tuple,
+            write: true,
+            bad: false,
+        });
+        world.apply(&Event::Commit(0));
+    }
+    world.apply(&Event::Insert {
+        store: 1,
+        tuple: 0,
+        write: true,
+        bad: false,
+    });
+    world.apply(&Event::Commit(0));
+    for id in 1..=5 {
+        world.admit(id);
+    }
+    let now = world.now();
+    let paused = Target {
+        store: store_of(2),
+        model: None,
+    };
+    world.core.lanes.hold(
+        &paused,
+        super::judge::OUTAGE_BACKOFF,
+        Some(Duration::from_secs(60)),
+        now,
+    );
+    world.step();
+    assert_eq!(world.flights.len(), 1, "store 1's Write hangs in the window");
+    world.apply(&Event::Insert {
+        store: 0,
+        tuple: 0,
+        write: true,
+        bad: false,
+    });
+    world.apply(&Event::Commit(0));
+    let row = world.rows.len() as i64;
+    for _ in 0..40 {
+        world.clock += Duration::from_millis(250);
+        world.step();
+        let (hanging, answered): (Vec<Flight>, Vec<Flight>) = std::mem::take(&mut world.flights)
+            .into_iter()
+            .partition(|f| world.hangs(f));
+        world.flights = hanging;
+        for f in answered {
+            world.answer(f, 1);
+        }
+    }
+    assert_eq!(
+        world.rows[(row - 1) as usize].state,
+        State::Delivered,
+        "store 0's row waited 10 s for store 2's pause while store 1 hangs"
+    );
 }
 
 /// `--max-in-flight`: one Write at a time, a window a store's few tuples fill, and the default

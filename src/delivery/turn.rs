@@ -215,7 +215,7 @@ impl Deliverer {
     fn queue_has_room(&self, spare_only: bool) -> bool {
         let batch = self.core.settings.batch_size.max(1);
         let ready = match spare_only {
-            true => self.core.ready_for_spare(),
+            true => self.core.ready_for_spare(Instant::now()),
             false => self.core.queue.len().saturating_sub(self.core.stuck),
         };
         ready < batch && self.core.queue.len() < read::AHEAD_PAGES * batch
