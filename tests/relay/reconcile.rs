@@ -560,6 +560,40 @@ async fn review_prune_deletes_no_later_row_on_a_held_rows_tuples() {
     );
 }
 
+/// Review (rev33): `prune --store` takes one spelling of the configured store: `--store none`
+/// deletes the rows naming no store and keeps those naming the configured id, though they are one
+/// store for the relay and for `reconcile`. A grant naming the configured id, then a revoke
+/// naming none, both old: `prune --store none` deletes the revoke alone, `reconcile` reads the
+/// grant as the tuple's last operation, and `--repair` grants it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_prune_store_none_keeps_no_grant_naming_the_configured_id_below_its_revoke() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let anne = || tk("user:anne", "viewer", "document:1");
+    let mut grant = writes(&[anne()]);
+    grant["store_id"] = json!(env.fga.store_id());
+    let grant = env.insert(grant).await;
+    let revoke = env.insert(deletes(&[anne()])).await;
+    drain(&env);
+    assert!(!env.fga.has("user:anne", "viewer", "document:1"));
+    for id in [grant, revoke] {
+        age(&admin, id).await;
+    }
+    let out = env
+        .command(&["prune", "--older-than", "90d", "--store", "none"])
+        .output()
+        .unwrap();
+    assert_success(&out, "prune --store none");
+    let o = reconcile(&env, &["--repair", "--json"]);
+    drain(&env);
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "reconcile --repair granted anne again; prune said:\n{}\nreconcile said:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        o.stdout
+    );
+}
+
 /// `FGA_STORE_ID` set but empty is unset, as for every setting: prune then keeps the rows naming
 /// no store above a retried row of any store (they may be that store's, if it is the configured
 /// one). Taken as a store id '' instead, they were their own store and went.
