@@ -60,7 +60,7 @@ pub struct StatusCounts {
 }
 
 /// What one batch of `prune` did (prune.sql).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PruneBatch {
     pub deleted: u64,
     /// The delivered rows old enough that it looked at: fewer than the batch size in the last.
@@ -75,6 +75,9 @@ pub struct PruneBatch {
     pub held: u64,
     /// The lowest of those dead rows.
     pub held_by: Option<i64>,
+    /// The rows it kept for them (and for the rows kept before, on their tuples): what the next
+    /// batch keeps the later rows on their tuples for.
+    pub held_ids: Vec<i64>,
 }
 
 /// One store's rows not yet delivered, as `status --json` lists them.
@@ -602,12 +605,13 @@ impl Store {
         store: Option<&str>,
         configured: Option<&str>,
         after: i64,
+        kept: &[i64],
     ) -> Result<PruneBatch, StoreError> {
         let client = self.pool.get().await?;
         let row = client
             .query_one(
                 &self.q.prune,
-                &[&cutoff, &batch, &store, &configured, &after],
+                &[&cutoff, &batch, &store, &configured, &after, &kept],
             )
             .await?;
         let count = |i: usize| -> Result<u64, tokio_postgres::Error> {
@@ -620,6 +624,7 @@ impl Store {
             kept_from: row.try_get(3)?,
             held: count(4)?,
             held_by: row.try_get(5)?,
+            held_ids: row.try_get(6)?,
         })
     }
 

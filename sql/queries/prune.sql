@@ -34,7 +34,7 @@
 -- and the others are not read. A row that died again after a retry may have died first long
 -- before: it counts whenever it died. Read through fga_outbox_dead_idx (part 1); a row of a
 -- malformed payload touches no tuple.
-WITH kept AS (
+WITH RECURSIVE kept AS (
     SELECT CASE WHEN s = coalesce($4::text, '') THEN '' ELSE s END AS lane, min(id) AS first
     FROM (SELECT id, coalesce(payload->>'store_id', '') AS s FROM fga_outbox
           WHERE (retried_at IS NOT NULL OR (failed_at IS NOT NULL AND processed_at IS NOT NULL))
@@ -64,7 +64,7 @@ WITH kept AS (
              THEN b.payload->'writes' ELSE '[]'::jsonb END
         || CASE WHEN jsonb_typeof(b.payload->'deletes') = 'array'
                 THEN b.payload->'deletes' ELSE '[]'::jsonb END) AS op
-), held AS (
+), held_dead AS (
     -- The dead rows' operations are read as they come and looked up among the batch's few.
     SELECT bo.id, min(d.id) AS by
     FROM fga_outbox d
@@ -84,6 +84,38 @@ WITH kept AS (
       AND d.id < bo.id
       AND (l.lane = bo.lane OR ($4::text IS NULL AND (l.lane = '' OR bo.lane = '')))
     GROUP BY bo.id
+), prior_ops AS (
+    -- The rows kept by the batches before ($6): what stays below this batch on their tuples.
+    SELECT p.id, l.lane, op->>'object' AS object, op->>'relation' AS relation,
+           op->>'user' AS "user"
+    FROM fga_outbox p
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN coalesce(p.payload->>'store_id', '') = coalesce($4::text, '') THEN ''
+                    ELSE coalesce(p.payload->>'store_id', '') END AS lane
+    ) l
+    CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_typeof(p.payload->'writes') = 'array'
+             THEN p.payload->'writes' ELSE '[]'::jsonb END
+        || CASE WHEN jsonb_typeof(p.payload->'deletes') = 'array'
+                THEN p.payload->'deletes' ELSE '[]'::jsonb END) AS op
+    WHERE p.id = ANY($6::bigint[])
+), held(id) AS (
+    -- A row kept stays on each of its tuples: every later row on any of them stays too, or
+    -- `reconcile` would read the kept row's operation as the tuple's last (review rev33).
+    SELECT id FROM held_dead
+    UNION
+    SELECT bo.id FROM batch_ops bo
+    JOIN prior_ops po ON po.object = bo.object AND po.relation = bo.relation
+                     AND po."user" = bo."user" AND po.id < bo.id
+                     AND (po.lane = bo.lane
+                          OR ($4::text IS NULL AND (po.lane = '' OR bo.lane = '')))
+    UNION
+    SELECT bo.id FROM held h
+    JOIN batch_ops ho ON ho.id = h.id
+    JOIN batch_ops bo ON bo.object = ho.object AND bo.relation = ho.relation
+                     AND bo."user" = ho."user" AND ho.id < bo.id
+                     AND (ho.lane = bo.lane
+                          OR ($4::text IS NULL AND (ho.lane = '' OR bo.lane = '')))
 ), doomed AS (
     -- Looked at again under the lock: a row made pending again meanwhile stays.
     SELECT o.id FROM fga_outbox o
@@ -99,4 +131,5 @@ SELECT (SELECT count(*) FROM deleted)::bigint AS deleted,
        (SELECT max(id) FROM batch) AS last,
        (SELECT min(first) FROM kept) AS kept_from,
        (SELECT count(*) FROM held)::bigint AS held,
-       (SELECT min(by) FROM held) AS held_by
+       (SELECT min(by) FROM held_dead) AS held_by,
+       ARRAY(SELECT id FROM held) AS held_ids

@@ -91,6 +91,7 @@ async fn prune(
 ) -> Result<ExitCode, Failure> {
     let store = open_store(db, "fga-relay prune").await?;
     let (mut total, mut held, mut held_by, mut after) = (0u64, 0u64, None::<i64>, 0i64);
+    let mut kept_rows: Vec<i64> = Vec::new();
     let kept_from = loop {
         let batch = match store
             .prune_batch(
@@ -99,6 +100,7 @@ async fn prune(
                 only.as_deref(),
                 configured.as_deref(),
                 after,
+                &kept_rows,
             )
             .await
         {
@@ -108,6 +110,7 @@ async fn prune(
         total += batch.deleted;
         held += batch.held;
         held_by = held_by.into_iter().chain(batch.held_by).min();
+        kept_rows.extend(&batch.held_ids);
         match batch.last {
             Some(last) if batch.looked_at >= PRUNE_BATCH as u64 => after = last,
             _ => break batch.kept_from,

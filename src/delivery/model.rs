@@ -885,7 +885,11 @@ fn review_a_held_stores_rows_in_hand_do_not_keep_a_stalled_window_from_reading()
         now,
     );
     world.step();
-    assert_eq!(world.flights.len(), 1, "store 1's Write hangs in the window");
+    assert_eq!(
+        world.flights.len(),
+        1,
+        "store 1's Write hangs in the window"
+    );
     world.apply(&Event::Insert {
         store: 0,
         tuple: 0,

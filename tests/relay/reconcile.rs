@@ -543,6 +543,19 @@ async fn review_prune_deletes_no_later_row_on_a_held_rows_tuples() {
         .await
         .unwrap();
     let both = env.insert(writes(&[anne(), bob()])).await;
+    // More old rows than a batch of prune between: the revoke is in a later batch than the row
+    // kept for the dead one.
+    admin
+        .execute(
+            "INSERT INTO fga_outbox (payload, processed_at) \
+             SELECT jsonb_build_object('writes', jsonb_build_array(jsonb_build_object( \
+                        'user', 'user:u' || g, 'relation', 'viewer', 'object', 'document:9'))), \
+                    now() - interval '100 days' \
+             FROM generate_series(1, 1500) g",
+            &[],
+        )
+        .await
+        .unwrap();
     let anne_revoke = env.insert(deletes(&[anne()])).await;
     drain(&env);
     assert!(!env.fga.has("user:anne", "viewer", "document:1"));
