@@ -47,7 +47,10 @@ WITH RECURSIVE kept AS (
                     ELSE coalesce(o.payload->>'store_id', '') END AS lane
     ) l
     WHERE o.id > $5 AND o.processed_at IS NOT NULL AND o.processed_at < $1
-      AND ($3::text IS NULL OR coalesce(o.payload->>'store_id', '') = $3::text)
+      -- A lane, not a spelling: `--store none` and `--store <configured id>` are one store
+      -- (review rev33).
+      AND ($3::text IS NULL
+           OR l.lane = CASE WHEN $3::text = coalesce($4::text, '') THEN '' ELSE $3::text END)
       AND NOT EXISTS (
           SELECT FROM kept
           WHERE kept.first < o.id
