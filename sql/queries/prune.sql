@@ -47,8 +47,7 @@ WITH RECURSIVE kept AS (
                     ELSE coalesce(o.payload->>'store_id', '') END AS lane
     ) l
     WHERE o.id > $5 AND o.processed_at IS NOT NULL AND o.processed_at < $1
-      -- A lane, not a spelling: `--store none` and `--store <configured id>` are one store
-      -- (review rev33).
+      -- A lane, not a spelling: `--store none` and `--store <configured id>` are one store.
       AND ($3::text IS NULL
            OR l.lane = CASE WHEN $3::text = coalesce($4::text, '') THEN '' ELSE $3::text END)
       AND NOT EXISTS (
@@ -104,7 +103,7 @@ WITH RECURSIVE kept AS (
     WHERE p.id = ANY($6::bigint[])
 ), held(id) AS (
     -- A row kept stays on each of its tuples: every later row on any of them stays too, or
-    -- `reconcile` would read the kept row's operation as the tuple's last (review rev33).
+    -- `reconcile` would read the kept row's operation as the tuple's last.
     SELECT id FROM held_dead
     UNION
     SELECT bo.id FROM batch_ops bo

@@ -590,7 +590,7 @@ mod tests {
     /// ending in a backslash) panicked, and the panic message quoted the whole string, password
     /// included, on stderr.
     #[test]
-    fn review_a_trailing_backslash_neither_panics_nor_shows_the_string() {
+    fn a_trailing_backslash_neither_panics_nor_shows_the_string() {
         let conn = "host=db password=Secret\\";
         let out = std::panic::catch_unwind(|| split(conn));
         assert!(out.is_ok(), "split panicked on {conn:?}");

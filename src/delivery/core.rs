@@ -203,7 +203,7 @@ impl Core {
         let mut last: Option<(&Option<Arc<str>>, bool)> = None;
         let mut ready = 0;
         // Rows come in runs of one store: one look a run. A held store's rows cannot go in it
-        // either (review rev33).
+        // either.
         for c in self.queue.values() {
             let idle = match last {
                 Some((store, idle)) if *store == c.target.store => idle,

@@ -851,7 +851,7 @@ fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
 /// not read, and a row of a third store (0) committed meanwhile waits out the other store's
 /// pause, though the spare Write could take it at once.
 #[test]
-fn review_a_held_stores_rows_in_hand_do_not_keep_a_stalled_window_from_reading() {
+fn a_held_stores_rows_in_hand_do_not_keep_a_stalled_window_from_reading() {
     let mut world = World::with_window(Some(1), 1);
     world.health[1] = Health::Hang;
     for tuple in [0, 1, 2, 0] {

@@ -528,7 +528,7 @@ async fn prune_keeps_the_rows_on_a_dead_rows_tuples_so_retry_revives_no_revoked_
 /// reads the middle row's grant as anne's last operation and `--repair` grants anne again,
 /// though the revoke came later in id order. Without a retry or anything by hand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_prune_deletes_no_later_row_on_a_held_rows_tuples() {
+async fn prune_deletes_no_later_row_on_a_kept_rows_tuples() {
     let env = Env::start().await;
     let admin = env.db.connect().await;
     let anne = || tk("user:anne", "viewer", "document:1");
@@ -579,7 +579,7 @@ async fn review_prune_deletes_no_later_row_on_a_held_rows_tuples() {
 /// naming none, both old: `prune --store none` deletes the revoke alone, `reconcile` reads the
 /// grant as the tuple's last operation, and `--repair` grants it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_prune_store_none_keeps_no_grant_naming_the_configured_id_below_its_revoke() {
+async fn prune_store_none_keeps_no_grant_naming_the_configured_id_below_its_revoke() {
     let env = Env::start().await;
     let admin = env.db.connect().await;
     let anne = || tk("user:anne", "viewer", "document:1");
