@@ -607,6 +607,47 @@ async fn prune_store_none_keeps_no_grant_naming_the_configured_id_below_its_revo
     );
 }
 
+/// Review (rev33): the runbook's way with a malformed dead row ("fix the writer, then fix or
+/// replace the row ... then retry"). A grant dead for a malformed payload (its object left out),
+/// then a revoke of the tuple it meant, delivered and old: prune keeps nothing for the dead row
+/// (it touches no tuple), the revoke goes, and once the row is corrected in place and retried
+/// the relay finds no later row to skip it for: the revoked tuple is granted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_corrected_malformed_dead_row_finds_its_revoke_after_prune() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let anne = || tk("user:anne", "viewer", "document:1");
+    let dead = admin
+        .query_one(
+            "INSERT INTO fga_outbox (payload, failed_at, last_error) VALUES \
+             ('{\"writes\": [{\"user\": \"user:anne\", \"relation\": \"viewer\"}]}', \
+              now() - interval '101 days', 'malformed payload: test') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    let revoke = env.insert(deletes(&[anne()])).await;
+    drain(&env);
+    age(&admin, revoke).await;
+    let out = prune(&env);
+    admin
+        .execute(
+            "UPDATE fga_outbox SET payload = $2 WHERE id = $1",
+            &[&dead, &writes(&[anne()])],
+        )
+        .await
+        .unwrap();
+    let retry = env.command(&["retry", &dead.to_string()]).output().unwrap();
+    assert_success(&retry, "retry");
+    drain(&env);
+    assert!(
+        !env.fga.has("user:anne", "viewer", "document:1"),
+        "the corrected grant was replayed over its revoke; prune said:\n{out}\nrow: {:?}",
+        env.row(dead).await
+    );
+}
+
 /// `FGA_STORE_ID` set but empty is unset, as for every setting: prune then keeps the rows naming
 /// no store above a retried row of any store (they may be that store's, if it is the configured
 /// one). Taken as a store id '' instead, they were their own store and went.
