@@ -3,10 +3,11 @@
 -- none on a tuple of a dead row of its store below it. $1: the cutoff, $2: the batch size, $3:
 -- only rows of this store (the id the rows name, '' for rows naming none; NULL: every store),
 -- $4: the relay's configured store id, when known (NULL: not known), $5: the cursor, the last id
--- the batch before looked at (0 at first). Only delivered rows are ever deleted. Returns the
--- rows deleted; the rows looked at and the last of them (the next batch's cursor: a batch that
--- looked at fewer than $2 is the last); the lowest id of the kept rows delivered out of order
--- (NULL when there is none); the rows kept for dead rows, and the lowest of those dead rows.
+-- the batch before looked at (0 at first), $6: the ids the batches before kept for dead rows.
+-- Only delivered rows are ever deleted. Returns the rows deleted; the rows looked at and the last
+-- of them (the next batch's cursor: a batch that looked at fewer than $2 is the last); the
+-- lowest id of the rows that hold their whole store (NULL when there is none); the rows kept
+-- for dead rows, the lowest of those dead rows, and those rows' ids.
 --
 -- A row's store, its *lane* here: the store the rows name, the rows naming none being one with
 -- the rows naming the configured store ($4); with that id not known, rows naming none go with
@@ -32,13 +33,36 @@
 -- tuple is sent only once that row is dead (before, it waits behind it), so it was delivered
 -- after the row died: only a row dead since before the cutoff can hold a row older than it,
 -- and the others are not read. A row that died again after a retry may have died first long
--- before: it counts whenever it died. Read through fga_outbox_dead_idx (part 1); a row of a
--- malformed payload touches no tuple.
+-- before: it counts whenever it died. Read through fga_outbox_dead_idx (part 1). A later row
+-- on one of those tuples stays too, and so on, in this batch and (the ids kept so far, $6) the
+-- batches after: a row kept on one of its tuples must not be left as another tuple's last
+-- operation for `reconcile` while a later row on that tuple goes.
+--
+-- A dead row whose operations cannot be read (a malformed payload: the runbook's way is to fix
+-- it in place and retry it) may mean any tuple of its store: it holds its whole store above it,
+-- as a retried row does, until it is delivered or deleted.
 WITH RECURSIVE kept AS (
     SELECT CASE WHEN s = coalesce($4::text, '') THEN '' ELSE s END AS lane, min(id) AS first
     FROM (SELECT id, coalesce(payload->>'store_id', '') AS s FROM fga_outbox
           WHERE (retried_at IS NOT NULL OR (failed_at IS NOT NULL AND processed_at IS NOT NULL))
-            AND (processed_at >= $1 OR (processed_at IS NULL AND failed_at IS NULL))) k
+            AND (processed_at >= $1 OR (processed_at IS NULL AND failed_at IS NULL))
+          UNION ALL
+          -- A dead row with operations that cannot be read: which tuples it meant is not known.
+          SELECT id, coalesce(payload->>'store_id', '') FROM fga_outbox d
+          WHERE failed_at IS NOT NULL AND processed_at IS NULL
+            AND (failed_at < $1 OR retried_at IS NOT NULL)
+            AND (jsonb_typeof(payload) <> 'object'
+                 OR (payload ? 'writes' AND jsonb_typeof(payload->'writes') <> 'array')
+                 OR (payload ? 'deletes' AND jsonb_typeof(payload->'deletes') <> 'array')
+                 OR EXISTS (
+                     SELECT FROM jsonb_array_elements(
+                         CASE WHEN jsonb_typeof(d.payload->'writes') = 'array'
+                              THEN d.payload->'writes' ELSE '[]'::jsonb END
+                         || CASE WHEN jsonb_typeof(d.payload->'deletes') = 'array'
+                                 THEN d.payload->'deletes' ELSE '[]'::jsonb END) AS op
+                     WHERE coalesce(jsonb_typeof(op->'object'), '') <> 'string'
+                        OR coalesce(jsonb_typeof(op->'relation'), '') <> 'string'
+                        OR coalesce(jsonb_typeof(op->'user'), '') <> 'string'))) k
     GROUP BY 1
 ), batch AS MATERIALIZED (
     SELECT o.id, o.payload, l.lane FROM fga_outbox o

@@ -136,9 +136,10 @@ async fn prune(
         output::line(format_args!(
             "kept its store's rows from id {id} up (and the rows naming none, unless \
              FGA_STORE_ID or --store-id names another store): row {id} was dead and is pending \
-             again or was delivered after the cutoff, out of id order, and `reconcile` needs \
-             the later rows on its tuples; they are pruned once row {id} is delivered and older \
-             than --older-than"
+             again or was delivered after the cutoff, out of id order, or is dead with \
+             operations that cannot be read; `reconcile` and `retry` need the later rows on its \
+             tuples; they are pruned once row {id} is delivered and older than --older-than \
+             (a dead row: fixed and retried, or deleted)"
         ));
     }
     Ok(ExitCode::SUCCESS)

@@ -607,13 +607,14 @@ async fn prune_store_none_keeps_no_grant_naming_the_configured_id_below_its_revo
     );
 }
 
-/// Review (rev33): the runbook's way with a malformed dead row ("fix the writer, then fix or
-/// replace the row ... then retry"). A grant dead for a malformed payload (its object left out),
-/// then a revoke of the tuple it meant, delivered and old: prune keeps nothing for the dead row
-/// (it touches no tuple), the revoke goes, and once the row is corrected in place and retried
-/// the relay finds no later row to skip it for: the revoked tuple is granted again.
+/// The runbook's way with a malformed dead row ("fix the writer, then fix or replace the row ...
+/// then retry"). A grant dead for a malformed payload (its object left out), then a revoke of
+/// the tuple it meant, delivered and old: which tuple the dead row meant is not known, so prune
+/// keeps its whole store above it; once the row is corrected in place and retried, the relay
+/// finds the revoke and skips the grant. Read as touching no tuple, the revoke went and the
+/// revoked tuple was granted again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_corrected_malformed_dead_row_finds_its_revoke_after_prune() {
+async fn a_corrected_malformed_dead_row_finds_its_revoke_after_prune() {
     let env = Env::start().await;
     let admin = env.db.connect().await;
     let anne = || tk("user:anne", "viewer", "document:1");
