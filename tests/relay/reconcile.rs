@@ -649,6 +649,53 @@ async fn a_corrected_malformed_dead_row_finds_its_revoke_after_prune() {
     );
 }
 
+/// The dead rows prune keeps rows for, at their edges: one retried long ago and dead again since
+/// (it died first before the cutoff: the revoke after it was delivered then), and, with the
+/// configured store not given, one naming the configured store's id above a revoke naming none
+/// (the same store, for all prune can tell). Both revokes stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_keeps_the_rows_on_a_tuple_of_a_row_dead_again_or_of_either_spelling() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let carol = || tk("user:carol", "viewer", "document:1");
+    let dave = || tk("user:dave", "viewer", "document:2");
+    let mut dave_grant = writes(&[dave()]);
+    dave_grant["store_id"] = json!(env.fga.store_id());
+    for (grant, failed, retried) in [
+        (writes(&[carol()]), "0 days", Some("101 days")),
+        (dave_grant, "101 days", None),
+    ] {
+        admin
+            .execute(
+                "INSERT INTO fga_outbox (payload, failed_at, retried_at, last_error) VALUES \
+                 ($1, now() - $2::text::interval, now() - $3::text::interval, 'rejected')",
+                &[&grant, &failed, &retried],
+            )
+            .await
+            .unwrap();
+    }
+    let revokes = [
+        env.insert(deletes(&[carol()])).await,
+        env.insert(deletes(&[dave()])).await,
+    ];
+    drain(&env);
+    for id in revokes {
+        age(&admin, id).await;
+    }
+    let out = env
+        .command(&["prune", "--older-than", "90d"])
+        .env_remove("FGA_STORE_ID")
+        .output()
+        .unwrap();
+    assert_success(&out, "prune");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("0 delivered row(s) deleted") && said.contains("kept 2 delivered row(s)"),
+        "{said}"
+    );
+    assert_eq!(count(&admin).await, 4);
+}
+
 /// `FGA_STORE_ID` set but empty is unset, as for every setting: prune then keeps the rows naming
 /// no store above a retried row of any store (they may be that store's, if it is the configured
 /// one). Taken as a store id '' instead, they were their own store and went.
