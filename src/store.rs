@@ -335,10 +335,11 @@ impl Store {
         closed: &[&str],
         limit: i64,
         configured: &str,
+        lanes_only: bool,
     ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
         let stmt = tx.prepare_cached(&self.q.claim_lanes).await?;
         Self::claimed(
-            tx.query(&stmt, &[&held, &closed, &limit, &configured])
+            tx.query(&stmt, &[&held, &closed, &limit, &configured, &lanes_only])
                 .await?,
         )
     }

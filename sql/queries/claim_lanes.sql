@@ -1,7 +1,9 @@
 -- Reads the lowest pending rows not in hand of the lanes (stores) not left out: the read while a
 -- store is held. $1: the ids the relay holds, $2: the stores it does not want now ('' stands
 -- for the rows naming none), as claim.sql matches them, $3: how many rows, $4: the configured
--- store's id (the relay reads this way only once it is known).
+-- store's id (the relay reads this way only once it is known), $5: straight to the lanes, no
+-- walk (the read of the stores with no row in hand, which leaves out every store with rows in
+-- hand: the rows in id order past the hand are theirs, and the walk would find nothing).
 --
 -- First, as claim.sql, the lowest pending rows in id order, but no more than twice a read's
 -- worth past the rows in hand: when that finds a read's worth of rows of lanes not left out, or
@@ -27,7 +29,7 @@ WITH RECURSIVE walk AS MATERIALIZED (
     SELECT id, payload, created_at, attempts, retried_at FROM fga_outbox
     WHERE processed_at IS NULL AND failed_at IS NULL
     ORDER BY id
-    LIMIT 2 * $3::bigint + cardinality($1::bigint[])
+    LIMIT CASE WHEN $5::boolean THEN 0 ELSE 2 * $3::bigint + cardinality($1::bigint[]) END
 ),
 found AS MATERIALIZED (
     SELECT * FROM walk
@@ -38,8 +40,9 @@ found AS MATERIALIZED (
 ),
 -- Whether the walk fell short: fewer rows found than asked for, and pending rows left past it.
 short AS MATERIALIZED (
-    SELECT (SELECT count(*) FROM found) < $3
-           AND (SELECT count(*) FROM walk) = 2 * $3::bigint + cardinality($1::bigint[]) AS yes
+    SELECT $5::boolean
+           OR ((SELECT count(*) FROM found) < $3
+               AND (SELECT count(*) FROM walk) = 2 * $3::bigint + cardinality($1::bigint[])) AS yes
 ),
 named(store) AS (
     (SELECT payload->>'store_id' FROM fga_outbox

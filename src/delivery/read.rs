@@ -60,6 +60,9 @@ enum Claim {
     /// each lane not left out from its own index; nothing locked. With the configured store's
     /// id, whose rows are in one lane with the rows naming none.
     ByLane(String),
+    /// The stores with no row in hand: each lane not left out from its own index, no walk in id
+    /// order (see `turn::FAIR_READ`). With the configured store's id, as `ByLane`.
+    Lanes(String),
 }
 
 /// Why a row read cannot be queued yet.
@@ -88,8 +91,8 @@ impl Deliverer {
     /// Reads the lowest pending rows not in hand (of stores not held) into the queue: at most
     /// `limit`. With `lock` (nothing in hand, no store held), it reads them locked, and keeps
     /// the transaction that holds them for the next Write when every row read went into the
-    /// queue. `others`: only the stores with no row in hand, each from its own index once the
-    /// walk in id order falls short, as while a store is held (see `turn::FAIR_READ`).
+    /// queue. `others`: only the stores with no row in hand, each from its own index (see
+    /// `turn::FAIR_READ`; never asked without the configured store's id).
     pub(super) async fn read_page(
         &mut self,
         limit: usize,
@@ -114,7 +117,8 @@ impl Deliverer {
         // past at every read. Only once the configured store's id is known: the rows naming it
         // are in one lane with the rows naming none, read together in id order.
         let configured = self.client.configured_store_id();
-        let how = match (self.left_out.is_empty() && !others, configured) {
+        let how = match (self.left_out.is_empty(), configured) {
+            (_, Some(id)) if others => Claim::Lanes(id.to_owned()),
             (true, _) if lock => Claim::Locked,
             (false, Some(id)) => Claim::ByLane(id.to_owned()),
             _ => Claim::InIdOrder,
@@ -141,7 +145,7 @@ impl Deliverer {
         let limit = limit as i64;
         let locked = match &how {
             Claim::Locked => self.store.claim_locked(conn, hand, closed, limit).await?,
-            Claim::InIdOrder | Claim::ByLane(_) => None,
+            Claim::InIdOrder | Claim::ByLane(_) | Claim::Lanes(_) => None,
         };
         // A transaction is open, holding the rows read.
         let mut open = locked.is_some();
@@ -149,7 +153,12 @@ impl Deliverer {
             (Some(rows), _) => rows,
             (None, Claim::ByLane(configured)) => {
                 self.store
-                    .claim_lanes(conn, hand, closed, limit, configured)
+                    .claim_lanes(conn, hand, closed, limit, configured, false)
+                    .await?
+            }
+            (None, Claim::Lanes(configured)) => {
+                self.store
+                    .claim_lanes(conn, hand, closed, limit, configured, true)
                     .await?
             }
             (None, _) => self.store.claim(conn, hand, closed, limit).await?,
@@ -174,7 +183,7 @@ impl Deliverer {
         // Read by lane, a lane's share may have been less than it has pending: more is read
         // while reads bring rows.
         let more = match how {
-            Claim::ByLane(_) => n > 0,
+            Claim::ByLane(_) | Claim::Lanes(_) => n > 0,
             Claim::Locked | Claim::InIdOrder => n as i64 >= limit,
         };
         Ok(Read { rows: n, more })

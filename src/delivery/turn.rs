@@ -35,9 +35,9 @@ pub(super) const STALLED: Duration = Duration::from_millis(250);
 /// hand, each lane from its own index: reads take the lowest pending ids, and behind a backlog
 /// of one store another store's row committed since would otherwise wait for that whole backlog
 /// to be read (23 s behind 5,000 rows in a test). Its row then goes in the next Write planned,
-/// or in the one Write more a full window holds for a store with none in flight. A read that
-/// walks twice a read's worth past the rows in hand, then one index descent a store: a few
-/// milliseconds twice a second, and only while the stream is busy.
+/// or in the one Write more a full window holds for a store with none in flight. One index
+/// descent a store with rows pending, and a read of the lanes found: a fraction of a millisecond
+/// twice a second with a single store's backlog, and only while the stream is busy.
 const FAIR_READ: Duration = Duration::from_millis(500);
 
 /// What one call of the stream keeps.
@@ -191,10 +191,14 @@ impl Deliverer {
     }
 
     /// Whether the read of the stores with no row in hand (see [`FAIR_READ`]) may go: rows are
-    /// in hand, and the queue, past its bound by one read at most, takes theirs.
+    /// in hand, the queue, past its bound by one read at most, takes theirs, and the configured
+    /// store's id is known (its lane holds the rows naming none and those naming it: without
+    /// it, the read would walk the backlog in id order).
     fn fair_read_due(&self) -> bool {
         let batch = self.core.settings.batch_size.max(1);
-        !self.core.nothing_in_hand() && self.core.queue.len() < (read::AHEAD_PAGES + 1) * batch
+        !self.core.nothing_in_hand()
+            && self.core.queue.len() < (read::AHEAD_PAGES + 1) * batch
+            && self.client.configured_store_id().is_some()
     }
 
     /// Arms the read of the stores with no row in hand while rows are in hand, and disarms it
