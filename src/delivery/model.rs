@@ -714,13 +714,14 @@ impl World {
             //
             // Where the window is smaller than the stores, or a store that hangs holds its
             // Writes in it for good (the healthy stores' then go in the one Write more a full
-            // window holds for a store with none in flight), the healthy stores take turns: each
-            // may wait for the others' Writes at each step, and its rows for a read one round
+            // window holds for a store with none in flight), the stores take turns: each healthy
+            // store may wait for the others' Writes at each step (and for the broken store's
+            // probe when its hold ends, in a window of one), and its rows for a read one round
             // more.
             let bad = self.rows.iter().filter(|r| r.bad).count() as u32;
             let hangs = self.broken.is_some_and(|b| self.health[b] == Health::Hang);
             let turns = match hangs || self.window < STORES {
-                true => STORES as u32 - 1,
+                true => STORES as u32,
                 false => 1,
             };
             prop_assert!(
