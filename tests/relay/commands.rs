@@ -970,6 +970,13 @@ async fn retry_behind_a_held_dead_row_exits_naming_the_holder() {
 /// naming it, rather than hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_behind_a_table_lock_exits_naming_the_holder() {
+    behind_a_table_lock_exits_naming_the_holder("status", 1).await;
+}
+
+/// Runs `command` while another session (application_name `maintenance`) holds `LOCK
+/// fga_outbox IN ACCESS EXCLUSIVE MODE`: it exits with `code` within 30 s, naming that session
+/// and what to do.
+async fn behind_a_table_lock_exits_naming_the_holder(command: &str, code: i32) {
     let env = Env::start().await;
     let holder = env.db.connect().await;
     holder
@@ -980,16 +987,16 @@ async fn status_behind_a_table_lock_exits_naming_the_holder() {
         .await
         .unwrap();
     let pid = pid_of(&holder).await;
-    let out = output_within(env.command(&["status"]), Duration::from_secs(20))
+    let out = output_within(env.command(&[command]), Duration::from_secs(30))
         .await
-        .expect("status exits within 20 s while the table is locked");
+        .unwrap_or_else(|| panic!("{command} exits within 30 s while the table is locked"));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
     assert!(
         stderr.contains(&format!(
-            "status: waited 10s for a lock on fga_outbox held by session pid {pid} \
+            "{command}: waited 10s for a lock on fga_outbox held by session pid {pid} \
              (maintenance, idle in transaction since"
-        )) && stderr.contains("run status again"),
+        )) && stderr.contains(&format!("run {command} again")),
         "{stderr}"
     );
     drop(holder);
@@ -1265,29 +1272,7 @@ async fn prune_refuses_a_zero_duration_saying_what_to_give() {
 /// rather than hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_behind_a_table_lock_exits_naming_the_holder() {
-    let env = Env::start().await;
-    let holder = env.db.connect().await;
-    holder
-        .batch_execute(
-            "SET application_name = 'maintenance'; BEGIN; \
-             LOCK fga_outbox IN ACCESS EXCLUSIVE MODE",
-        )
-        .await
-        .unwrap();
-    let pid = pid_of(&holder).await;
-    let out = output_within(env.command(&["reconcile"]), Duration::from_secs(30))
-        .await
-        .expect("reconcile exits within 30 s while the table is locked");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "reconcile: waited 10s for a lock on fga_outbox held by session pid {pid} \
-             (maintenance, idle in transaction since"
-        )) && stderr.contains("run reconcile again"),
-        "{stderr}"
-    );
-    drop(holder);
+    behind_a_table_lock_exits_naming_the_holder("reconcile", 2).await;
 }
 
 /// A row dead-lettered by a transaction that began before `drain` started and committed after
