@@ -137,7 +137,7 @@ pub fn main() -> ExitCode {
             crate::telemetry::error_line(&format!("{e:#}"));
             ExitCode::from(1)
         }
-        Err(Failure::LockWait(e)) => {
+        Err(Failure::LockWait(e, _)) => {
             crate::telemetry::error_line(&e);
             ExitCode::from(1)
         }

@@ -182,8 +182,12 @@ pub fn is_lock_wait(e: &tokio_postgres::Error) -> bool {
 /// the database's words), kept apart where errors travel as `anyhow` (`reconcile`'s), so that the
 /// command can still name the session that held the lock.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct LockWaited(pub String);
+#[error("{said}")]
+pub struct LockWaited {
+    pub said: String,
+    /// How long it waited: [`COMMAND_LOCK_TIMEOUT`] unless the statement bounds its own wait.
+    pub waited: Duration,
+}
 
 /// The longest a delivering relay's transaction may stay idle (the server ends it past that):
 /// each Write's transaction is idle while the Write runs and, when OpenFGA's answer needs a

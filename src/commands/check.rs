@@ -131,7 +131,12 @@ async fn check_postgres(
     // What a statement failed with; a lock waited for in vain, with who holds it.
     let said = |e: &tokio_postgres::Error| {
         if crate::db::is_lock_wait(e) {
-            lock_wait::message("check", table.as_str(), &watch.holders())
+            lock_wait::message(
+                "check",
+                table.as_str(),
+                crate::db::COMMAND_LOCK_TIMEOUT,
+                &watch.holders(),
+            )
         } else {
             crate::db::describe(e)
         }

@@ -1,13 +1,14 @@
 //! A command's wait for a lock another session holds. Its sessions give up after
-//! [`COMMAND_LOCK_TIMEOUT`] (55P03); the command then exits 1 (`reconcile` 2, its status for an
-//! error) saying what it waited for, which sessions held it, and what to do. By then the wait is
+//! [`crate::db::COMMAND_LOCK_TIMEOUT`] (55P03; `reconcile --repair`'s lock sooner); the command
+//! then exits 1 (`reconcile` 2, its status for an error) saying what it waited for, which
+//! sessions held it, and what to do. By then the wait is
 //! over and PostgreSQL no longer says who blocked it, so a watcher asks while the command runs:
 //! from its second second on, once a second, on a connection of its own, which sessions block
 //! the command's (`pg_blocking_pids`), keeping the last answer.
 
 use super::failure::Failure;
 use crate::config::DbSettings;
-use crate::db::{COMMAND_LOCK_TIMEOUT, PgConnect};
+use crate::db::PgConnect;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -102,20 +103,19 @@ pub(super) async fn bounded<T>(
     let pg = crate::db::pg_config(db, &format!("fga-relay {command}"))?;
     let watch = LockWatch::start(&pg);
     match work.await {
-        Err(Failure::LockWait(_)) => Err(Failure::LockWait(message(
-            command,
-            db.table.as_str(),
-            &watch.holders(),
-        ))),
+        Err(Failure::LockWait(_, waited)) => Err(Failure::LockWait(
+            message(command, db.table.as_str(), waited, &watch.holders()),
+            waited,
+        )),
         done => done,
     }
 }
 
 /// One line: what `command` waited for, who held it, and what to do.
-pub(super) fn message(command: &str, table: &str, holders: &[Holder]) -> String {
+pub(super) fn message(command: &str, table: &str, waited: Duration, holders: &[Holder]) -> String {
     let waited = format!(
         "{command}: waited {}s for a lock on {table}",
-        COMMAND_LOCK_TIMEOUT.as_secs()
+        waited.as_secs()
     );
     match holders {
         [] => format!(
@@ -162,6 +162,7 @@ fn describe(h: &Holder) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::COMMAND_LOCK_TIMEOUT;
 
     fn holder(pid: i32) -> Holder {
         Holder {
@@ -175,7 +176,7 @@ mod tests {
     #[test]
     fn names_the_holder_and_what_to_do() {
         assert_eq!(
-            message("retry", "fga_outbox", &[holder(1234)]),
+            message("retry", "fga_outbox", COMMAND_LOCK_TIMEOUT, &[holder(1234)]),
             "retry: waited 10s for a lock on fga_outbox held by session pid 1234 (psql, idle in \
              transaction since 12:00:01 UTC); end that transaction (or \
              pg_terminate_backend(1234)) and run retry again"
@@ -184,7 +185,12 @@ mod tests {
 
     #[test]
     fn names_every_holder() {
-        let m = message("status", "fga_outbox", &[holder(1), holder(2)]);
+        let m = message(
+            "status",
+            "fga_outbox",
+            COMMAND_LOCK_TIMEOUT,
+            &[holder(1), holder(2)],
+        );
         assert!(m.contains("sessions pid 1 (psql"), "{m}");
         assert!(m.contains("pid 2 (psql"), "{m}");
         assert!(m.ends_with("each: 1, 2) and run status again"), "{m}");
@@ -192,7 +198,7 @@ mod tests {
 
     #[test]
     fn says_how_to_find_a_holder_it_could_not_name() {
-        let m = message("prune", "fga_outbox", &[]);
+        let m = message("prune", "fga_outbox", COMMAND_LOCK_TIMEOUT, &[]);
         assert!(m.contains("pg_locks"), "{m}");
         assert!(m.ends_with("run prune again"), "{m}");
     }

@@ -55,7 +55,7 @@ impl Migrate {
         let done = match schema::migrate_saying(&mut client, &db.table).await {
             Ok(done) => done,
             Err(SchemaProblem::Db(e)) if crate::db::is_lock_wait(&e) => {
-                return Err(Failure::LockWait(crate::db::describe(&e)));
+                return Err(Failure::lock_wait(&e));
             }
             Err(SchemaProblem::Db(e))
                 if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>

@@ -34,6 +34,9 @@ pub struct Prune {
     configured: Option<String>,
 }
 
+/// The shortest `--older-than` taken: shorter keeps no evidence worth the name.
+const MIN_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Prune {
     pub async fn execute(self) -> Result<ExitCode, Failure> {
         let Prune {
@@ -43,14 +46,15 @@ impl Prune {
             configured,
         } = self;
         let age = config::parse_duration("--older-than", &older_than)?;
-        if age.is_zero() {
-            // Down to a row delivered a moment ago: the evidence that `retry`'s look for
-            // superseded operations and `reconcile` read.
+        if age < MIN_AGE {
+            // Down to rows delivered moments ago: the evidence that `retry`'s look for
+            // superseded operations and `reconcile` read. Zero is the usual slip; a few
+            // milliseconds or seconds is the same one.
             return Err(ConfigError::new(
                 "--older-than",
                 format!(
-                    "{:?} would delete every delivered row, even one delivered a moment ago, \
-                     which retry (to skip what later rows superseded) and reconcile read as \
+                    "{:?} is under a minute: it would delete rows delivered moments ago, which \
+                     retry (to skip what later rows superseded) and reconcile read as \
                      evidence: give how long to keep delivered rows, such as 90d (as long as \
                      you may want to reconcile)",
                     older_than.trim()

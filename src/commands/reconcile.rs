@@ -91,7 +91,7 @@ impl Reconcile {
             let run = async {
                 reconcile::run(&db, &fga, &opts).await.map_err(|e| {
                     match e.downcast::<LockWaited>() {
-                        Ok(waited) => Failure::LockWait(waited.0),
+                        Ok(waited) => Failure::LockWait(waited.said, waited.waited),
                         Err(e) => Failure::Other(e),
                     }
                 })

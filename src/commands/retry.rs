@@ -77,8 +77,11 @@ impl Retry {
             dry_run,
             store: only,
             configured,
-            ids,
+            mut ids,
         } = self;
+        // An id given twice is one row: said once, counted once.
+        let mut seen = std::collections::HashSet::new();
+        ids.retain(|id| seen.insert(*id));
         let only = only
             .as_deref()
             .map(store_filter)

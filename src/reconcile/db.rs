@@ -49,10 +49,18 @@ pub(super) struct Db {
     pub(super) q: Queries,
 }
 
+/// How long `--repair` waits for its lock on the table (`reconcile_lock.sql` sets it): new
+/// writers queue behind the waiting lock, so the wait is kept shorter than other commands'.
+const REPAIR_LOCK_WAIT: Duration = Duration::from_secs(5);
+
 pub(super) fn db_error(what: &str, e: tokio_postgres::Error) -> anyhow::Error {
     let said = format!("{what}: {}", crate::db::describe(&e));
     if crate::db::is_lock_wait(&e) {
-        return crate::db::LockWaited(said).into();
+        return crate::db::LockWaited {
+            said,
+            waited: crate::db::COMMAND_LOCK_TIMEOUT,
+        }
+        .into();
     }
     anyhow::anyhow!(said)
 }
@@ -423,11 +431,14 @@ impl Db {
             .map_err(|e| db_error("cannot repair", e))?;
         if let Err(e) = tx.batch_execute(&q.lock).await {
             if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
-                anyhow::bail!(
-                    "cannot lock {} for the repair: writers kept it busy; nothing was enqueued, \
-                     try again",
-                    self.table
-                );
+                // Writers in flight were waited for above: a session holding the table (an
+                // operator's LOCK, a long transaction's) or a stream of new writers. Said with
+                // the sessions that held it, as every command's lock wait is.
+                return Err(crate::db::LockWaited {
+                    said: format!("cannot lock {} for the repair", self.table),
+                    waited: REPAIR_LOCK_WAIT,
+                }
+                .into());
             }
             if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
                 let denied = crate::db::describe(&e);
@@ -549,4 +560,17 @@ pub(super) async fn record_drift_batch(
         .await
         .map_err(|e| db_error("cannot record the drift", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait the repair's message names is the one its lock statement sets.
+    #[test]
+    fn the_repair_lock_wait_is_the_one_its_statement_sets() {
+        let sql = include_str!("../../sql/queries/reconcile_lock.sql");
+        let set = format!("lock_timeout = '{}s'", REPAIR_LOCK_WAIT.as_secs());
+        assert!(sql.contains(&set), "{sql}");
+    }
 }

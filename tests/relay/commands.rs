@@ -1062,7 +1062,7 @@ async fn insert_delivered(client: &tokio_postgres::Client, payload: serde_json::
 /// `retry ID...` exits 1 when it left an id it was given as it is (a script running `retry 123`
 /// must be able to tell that nothing was done), still saying why for each and still sending the
 /// dead ones back; 0 when it sent back every one. `--dry-run` exits as the retry would, and
-/// `--dead` with no dead row has nothing left undone: 0.
+/// `--dead` with no dead row has nothing left undone: 0. An id given twice counts once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_exits_1_when_an_id_given_was_left_as_it_is() {
     let env = Env::start().await;
@@ -1102,13 +1102,14 @@ async fn retry_exits_1_when_an_id_given_was_left_as_it_is() {
         crate::common::relay::said(&out)
     );
 
-    let out = run(&ids(&[dead, delivered]));
+    // An id given twice is one row, said once.
+    let out = run(&ids(&[dead, delivered, delivered]));
     let said = crate::common::relay::said(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
+    let left = format!("row {delivered}: delivered, not dead; left as it is");
     assert!(
-        said.contains(&format!(
-            "row {delivered}: delivered, not dead; left as it is"
-        )) && said.contains("1 row(s) sent back to pending")
+        said.matches(&left).count() == 1
+            && said.contains("1 row(s) sent back to pending")
             && said.contains("1 of the 2 rows given was left as it is")
             && said.contains("fga-relay retry --dead --dry-run"),
         "{said}"
@@ -1222,9 +1223,9 @@ async fn retry_dry_run_takes_the_configured_store_named_or_not_as_one_store() {
     assert!(env.fga.tuples().is_empty(), "{:?}", env.fga.tuples());
 }
 
-/// `prune --older-than 0s` would delete every delivered row, down to the one delivered a moment
-/// ago, which `retry`'s look for superseded operations and `reconcile` read: it is refused (exit
-/// 2), saying what to give instead, and nothing is deleted.
+/// `prune --older-than 0s` (or any duration under a minute) would delete delivered rows down to
+/// those delivered moments ago, which `retry`'s look for superseded operations and `reconcile`
+/// read: it is refused (exit 2), saying what to give instead, and nothing is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_refuses_a_zero_duration_saying_what_to_give() {
     let env = Env::start().await;
@@ -1238,7 +1239,7 @@ async fn prune_refuses_a_zero_duration_saying_what_to_give() {
         )
         .await
         .unwrap();
-    for zero in ["0s", "0ms", " 0s "] {
+    for zero in ["0s", "0ms", " 0s ", "1ms", "59s"] {
         let out = env
             .command(&["prune", "--older-than", zero])
             .output()

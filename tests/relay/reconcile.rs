@@ -971,3 +971,40 @@ async fn a_condition_context_beyond_json_ends_the_check_with_an_error_not_a_pani
     expect_code(&o, 2, "reconcile over an undecodable condition");
     assert!(o.stderr.contains("cannot compare"), "{}", o.stderr);
 }
+
+/// `--repair` behind another session's lock on the table (an operator's `LOCK ... IN SHARE
+/// MODE`, which reads pass and the repair's lock does not) gives up after its own 5 s, exits 2
+/// naming the session that held the lock and what to do, and enqueues nothing. It said "writers
+/// kept it busy", whoever held the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_behind_a_table_lock_exits_naming_the_holder_and_enqueues_nothing() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    env.insert(writes(&[tk("user:anne", "viewer", "document:1")]))
+        .await;
+    drain(&env);
+    assert!(env.fga.remove_tuple("user:anne", "viewer", "document:1"));
+    let before = count(&admin).await;
+    let holder = env.db.connect().await;
+    holder
+        .batch_execute("SET application_name = 'maintenance'; BEGIN; LOCK fga_outbox IN SHARE MODE")
+        .await
+        .unwrap();
+    let pid: i32 = holder
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let o = reconcile(&env, &["--repair"]);
+    expect_code(&o, 2, "a repair behind a lock");
+    assert!(
+        o.stderr.contains(&format!(
+            "reconcile: waited 5s for a lock on fga_outbox held by session pid {pid} \
+             (maintenance, idle in transaction since"
+        )) && o.stderr.contains("run reconcile again"),
+        "{}",
+        o.stderr
+    );
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(count(&admin).await, before, "nothing enqueued");
+}
