@@ -586,7 +586,7 @@ mod tests {
         p
     }
 
-    /// Review (rev33): a key=value string whose last value ends in a lone `\\` (a password
+    /// A key=value string whose last value ends in a lone `\\` (a password
     /// ending in a backslash) panicked, and the panic message quoted the whole string, password
     /// included, on stderr.
     #[test]

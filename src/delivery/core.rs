@@ -275,6 +275,14 @@ impl Core {
             if kept.contains(&c.target.store) || self.lanes.held(&c.target, now).is_none() {
                 continue;
             }
+            if self.flying_rows.contains_key(&c.target.store) {
+                // A Write of its store in flight comes back into the queue if it fails: a row
+                // let go below its rows would be read again after them, and one of them, sent
+                // again first, could overtake it (a row an operator moved onto their tuple
+                // meanwhile). Let go once they land.
+                kept.insert(&c.target.store);
+                continue;
+            }
             if c.malformed
                 || self.to_mark.contains(&c.id)
                 || self.unchecked.contains_key(&c.id)

@@ -853,7 +853,67 @@ fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
     assert_eq!(world.core.memo.get(&4).map(|m| m.strikes), Some(2));
 }
 
-/// Review (rev33): a stalled full window (store 1 hangs, window 1) with a read's worth of a
+/// Rows of a held store are not let go while a Write of it is in flight: that Write, failing,
+/// comes back into the queue above them, and its rows would be sent again before the rows let
+/// go are read again. Here an operator moves row 5 onto the tuple of row 6, in flight; the relay
+/// reads row 5 as it is now and lets it go; row 6 fails, the hold ends, a read's worth of lower
+/// rows is read first, and row 6 went before row 5 on their tuple.
+#[test]
+fn rows_of_a_held_store_are_not_let_go_below_a_write_of_it_in_flight() {
+    let mut world = World::with_window(None, 8);
+    world.health[2] = Health::Down;
+    let insert = |world: &mut World, store, tuple| {
+        world.apply(&Event::Insert {
+            store,
+            tuple,
+            write: true,
+            bad: false,
+        })
+    };
+    // Rows 1-4 commit last, a read's worth below row 5.
+    for _ in 0..4 {
+        insert(&mut world, 0, 2);
+    }
+    insert(&mut world, 0, 0);
+    insert(&mut world, 2, 1);
+    world.apply(&Event::Commit(5));
+    world.step();
+    assert_eq!(world.flights.len(), 1, "row 6 in flight");
+    world.apply(&Event::Commit(4));
+    world.apply(&Event::Edit {
+        k: 0,
+        store: 2,
+        tuple: 1,
+        write: false,
+    });
+    world.step();
+    assert!(world.core.queue.contains_key(&5), "row 5 read as it is now");
+    let now = world.now();
+    let held = Target {
+        store: store_of(2),
+        model: None,
+    };
+    world.core.lanes.hold(
+        &held,
+        super::judge::OUTAGE_BACKOFF,
+        Some(Duration::from_secs(1)),
+        now,
+    );
+    world.apply(&Event::LetGo);
+    world.apply(&Event::Answer { k: 0, noise: 1 });
+    world.apply(&Event::Advance(2_999));
+    world.apply(&Event::Advance(2_999));
+    let chain = world.chain();
+    let rounds = world.settle();
+    let applied: Vec<i64> = world.applied[&(2, 1)]
+        .iter()
+        .map(|(id, _, _)| *id)
+        .collect();
+    assert_eq!(applied, vec![5, 6]);
+    world.check(rounds, chain).unwrap();
+}
+
+/// A stalled full window (store 1 hangs, window 1) with a read's worth of a
 /// *held* store's rows in hand (store 2, paused by a `Retry-After` of 60 s) counts those rows
 /// ready for the one Write more (`ready_for_spare` looks only at Writes in flight), so it does
 /// not read, and a row of a third store (0) committed meanwhile waits out the other store's

@@ -521,7 +521,7 @@ async fn prune_keeps_the_rows_on_a_dead_rows_tuples_so_retry_revives_no_revoked_
     }
 }
 
-/// Review (rev33): a delivered row kept for a dead row's tuple must not outlive a later row on
+/// A delivered row kept for a dead row's tuple must not outlive a later row on
 /// another of its tuples. A dead grant of bob; then a row granting anne and bob (held: the dead
 /// row is below it on bob's tuple); then a revoke of anne. All old. Prune keeps the middle row
 /// for the dead one and deletes the revoke (no dead row touches anne's tuple): `reconcile` then
@@ -573,7 +573,7 @@ async fn prune_deletes_no_later_row_on_a_kept_rows_tuples() {
     );
 }
 
-/// Review (rev33): `prune --store` takes one spelling of the configured store: `--store none`
+/// `prune --store` takes one spelling of the configured store: `--store none`
 /// deletes the rows naming no store and keeps those naming the configured id, though they are one
 /// store for the relay and for `reconcile`. A grant naming the configured id, then a revoke
 /// naming none, both old: `prune --store none` deletes the revoke alone, `reconcile` reads the
