@@ -107,7 +107,9 @@ fn event() -> impl Strategy<Value = Event> {
         3 => (1u64..3_000).prop_map(Event::Advance),
         1 => (0..STORES, health).prop_map(|(s, h)| Event::SetHealth(s, h)),
         1 => any::<bool>().prop_map(|applied| Event::Crash { applied }),
-        1 => (0usize..8, 0..STORES, 0..TUPLES, any::<bool>())
+        // Twice as often as a crash: at one in 36 events, the order failure of rows let go
+        // below a Write in flight took a million cases to find; at three, a hundred thousand.
+        2 => (0usize..8, 0..STORES, 0..TUPLES, any::<bool>())
             .prop_map(|(k, store, tuple, write)| Event::Edit { k, store, tuple, write }),
         1 => Just(Event::LetGo),
     ]
