@@ -178,7 +178,7 @@ impl Lanes {
             let lane = self.lane(target);
             lane.proven = Some(lane.proven.map_or(left, |t| t.max(left)));
             lane.streak = 0;
-            lane.held_until = lane.gate.until();
+            lane.held_until = lane.gate.until(now);
         }
     }
 
