@@ -112,12 +112,15 @@ impl Core {
             }
             Err(e) => {
                 // OpenFGA struggling halves the window; one store failing leaves it to the
-                // others: only a store's first failure counts, and only while no other store's
+                // others: only a store's first failure counts, only a store that worked (one
+                // never answered says little of OpenFGA: dozens of them failing at once, all
+                // alike, would halve the window to a Write), and only while no other store's
                 // Writes succeed (a failing store sends one Write at a time meanwhile).
                 if matches!(
                     e,
                     WriteError::Transient { .. } | WriteError::Throttled { .. }
                 ) && self.lanes.working(&plan.target)
+                    && self.lanes.proven(&plan.target).is_some()
                     && !self.lanes.others_flow(&plan.target, now)
                 {
                     self.narrow();
