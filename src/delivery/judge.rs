@@ -88,6 +88,17 @@ impl Core {
         now: Instant,
     ) -> Effects {
         let mut fx = Effects::default();
+        if !matches!(
+            result,
+            Err(WriteError::Transient { .. }
+                | WriteError::Throttled { .. }
+                | WriteError::Configuration { .. }
+                | WriteError::Unexpected { .. }
+                | WriteError::NotSent)
+        ) {
+            // OpenFGA itself answered: the store is not one that never answers.
+            self.lanes.answered(&flight.plan.target);
+        }
         let finished = result.as_ref().err().and_then(|e| flight.finished_by(e));
         let left = flight.left;
         let plan = flight.plan;

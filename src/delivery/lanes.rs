@@ -87,14 +87,17 @@ pub(super) struct Lane {
     /// When its latest Write left: the stores that are not trusted take turns, the one that
     /// waited longest first.
     left: Option<Instant>,
+    /// OpenFGA answered one of its Writes (accepted it, or refused a row of it for good).
+    answered: bool,
 }
 
 impl Lane {
     /// Whether its rows go first and it may use the whole window: its last answered Write did
-    /// not fail, and it answered at all if it has Writes in flight (a store whose Writes hang
-    /// from its first on is no more trusted than one that fails). A store not tried yet is.
+    /// not fail, and OpenFGA answered one of its Writes at all if it has Writes in flight (a
+    /// store whose Writes hang from its first on is no more trusted than one that fails). A
+    /// store not tried yet is.
     fn trusted(&self) -> bool {
-        self.streak == 0 && (self.proven.is_some() || self.flying == 0)
+        self.streak == 0 && (self.answered || self.flying == 0)
     }
 }
 
@@ -155,7 +158,14 @@ impl Lanes {
     pub(super) fn untried(&self, store: &Option<Arc<str>>) -> bool {
         self.lanes
             .get(store)
-            .is_none_or(|l| l.streak == 0 && l.proven.is_none() && l.flying == 0)
+            .is_none_or(|l| l.streak == 0 && !l.answered && l.flying == 0)
+    }
+
+    /// OpenFGA answered a Write of `target`'s store: it accepted it, or refused a row of it
+    /// for good (a bad tuple, a store or model it does not have), which a store that works
+    /// does too.
+    pub(super) fn answered(&mut self, target: &Target) {
+        self.lane(target).answered = true;
     }
 
     /// Whether `store` failed: its last answered Write failed.
@@ -249,6 +259,7 @@ impl Lanes {
         }
         if !failed {
             let lane = self.lane(target);
+            lane.answered = true;
             lane.proven = Some(lane.proven.map_or(left, |t| t.max(left)));
             lane.streak = 0;
             lane.held_until = lane.gate.until();
