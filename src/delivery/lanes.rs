@@ -15,10 +15,14 @@
 //!   store went down and succeed a little later (a server that is going down still answers the
 //!   requests it holds).
 //! - The window of Writes in flight is the relay's, shared by every lane: it is halved on a
-//!   store's failure only when no other store's Write succeeded lately (OpenFGA as a whole
-//!   struggling), so that one failing store leaves the window to the others. When one store's
-//!   slow Writes fill it, it holds one Write more, for a store with none in flight
-//!   (`Core::plan_spare`).
+//!   failure of a store that had worked only when no other store's Write succeeded lately
+//!   (OpenFGA as a whole struggling), so that one failing store leaves the window to the others.
+//!   When one store's slow Writes fill it, it holds one Write more, for a store with none in
+//!   flight (`Core::plan_spare`).
+//! - Many stores in trouble at once: the stores not trusted (last Write failed, or Writes in
+//!   flight never answered) have half the window together, after the trusted stores' rows, and
+//!   take turns (`Core::plan`); once nothing has succeeded for [`QUIET`], the failing ones send a
+//!   Write per [`PACE`] together.
 //!
 //! What is kept is bounded: the outcomes of the last minute (at most [`COMPARE_MAX`], a failed
 //! Write's with the ids of its rows), and a lane for each store seen lately (at most
