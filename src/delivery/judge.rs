@@ -123,16 +123,17 @@ impl Core {
             }
             Err(e) => {
                 // OpenFGA struggling halves the window; one store failing leaves it to the
-                // others: only a store's first failure counts, only a store that worked (one
-                // never answered says little of OpenFGA: dozens of them failing at once, all
-                // alike, would halve the window to a Write), and only while no other store's
-                // Writes succeed (a failing store sends one Write at a time meanwhile).
+                // others: only a store's first failure counts, and only while no other store
+                // works (none's Writes succeeded in the last 5 s, and every other store OpenFGA
+                // answered has failed since: dozens of stores failing at once beside one that
+                // works halved the window to a Write). A failing store has half the window at
+                // most meanwhile.
                 if matches!(
                     e,
                     WriteError::Transient { .. } | WriteError::Throttled { .. }
                 ) && self.lanes.working(&plan.target)
-                    && self.lanes.proven(&plan.target).is_some()
                     && !self.lanes.others_flow(&plan.target, now)
+                    && !self.lanes.others_work(&plan.target)
                 {
                     self.narrow();
                 }

@@ -15,7 +15,7 @@
 //!   store went down and succeed a little later (a server that is going down still answers the
 //!   requests it holds).
 //! - The window of Writes in flight is the relay's, shared by every lane: it is halved on a
-//!   failure of a store that had worked only when no other store's Write succeeded lately
+//!   store's failure only when no other store's Write succeeded lately and no other store works
 //!   (OpenFGA as a whole struggling), so that one failing store leaves the window to the others.
 //!   When one store's slow Writes fill it, it holds one Write more, for a store with none in
 //!   flight (`Core::plan_spare`).
@@ -305,6 +305,14 @@ impl Lanes {
             .rev()
             .take_while(|o| now.duration_since(o.at) <= OTHERS_WINDOW)
             .any(|o| o.store != target.store && !o.failed)
+    }
+
+    /// Whether a store other than `target`'s works: OpenFGA answered its Writes, and its last
+    /// answered Write did not fail. Then a failure of `target`'s is not OpenFGA's as a whole.
+    pub(super) fn others_work(&self, target: &Target) -> bool {
+        self.lanes
+            .iter()
+            .any(|(store, l)| *store != target.store && l.answered && l.streak == 0)
     }
 
     /// Holds `target`'s store on `schedule`, or for the server's `Retry-After` (then its gate
