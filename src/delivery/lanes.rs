@@ -172,6 +172,20 @@ impl Lanes {
         self.lane(target).answered = true;
     }
 
+    /// The stores that work: OpenFGA answered them, their last answered Write did not fail,
+    /// and they are not held; the most recently proven first.
+    pub(super) fn answered_trusted(&self) -> Vec<Option<Arc<str>>> {
+        let now = Instant::now();
+        let mut stores: Vec<(Option<Instant>, &Option<Arc<str>>)> = self
+            .lanes
+            .iter()
+            .filter(|(_, l)| l.answered && l.trusted() && l.held_until.is_none_or(|t| t <= now))
+            .map(|(store, l)| (l.proven, store))
+            .collect();
+        stores.sort_by_key(|s| std::cmp::Reverse(s.0));
+        stores.into_iter().map(|(_, store)| store.clone()).collect()
+    }
+
     /// Whether `store` failed: its last answered Write failed.
     pub(super) fn failing(&self, store: &Option<Arc<str>>) -> bool {
         self.lanes.get(store).is_some_and(|l| l.streak > 0)

@@ -12,8 +12,16 @@ use crate::stores::in_store;
 use std::time::{Duration, Instant};
 
 /// Makes `n` stores whose every Write meets `fault`, and commits `rows` pending rows for each,
-/// on tuples of their own, ahead of anything the test commits later. Returns the stores.
-async fn troubled_stores(env: &Env, n: usize, rows: usize, fault: Fault) -> Vec<String> {
+/// ahead of anything the test commits later: on tuples of their own, or, `chained`, all on one
+/// tuple of the store (granted and revoked in turn: each row waits for the one before it).
+/// Returns the stores.
+async fn troubled_stores(
+    env: &Env,
+    n: usize,
+    rows: usize,
+    fault: Fault,
+    chained: bool,
+) -> Vec<String> {
     let mut stores = Vec::with_capacity(n);
     let mut payloads = Vec::with_capacity(n * rows);
     for i in 0..n {
@@ -21,7 +29,11 @@ async fn troubled_stores(env: &Env, n: usize, rows: usize, fault: Fault) -> Vec<
         env.fga
             .push_fault(FaultRule::times(fault.clone(), usize::MAX).when_store(&s));
         for j in 0..rows {
-            let row = writes(&[tk(&format!("user:t{i}x{j}"), "viewer", "document:t")]);
+            let row = match chained {
+                true if j % 2 == 1 => deletes(&[tk(&format!("user:t{i}"), "viewer", "document:t")]),
+                true => writes(&[tk(&format!("user:t{i}"), "viewer", "document:t")]),
+                false => writes(&[tk(&format!("user:t{i}x{j}"), "viewer", "document:t")]),
+            };
             payloads.push(in_store(row, &s));
         }
         stores.push(s);
@@ -100,7 +112,7 @@ async fn a_healthy_store_is_served_beside(n: usize, fault: Fault, extra: &[(&str
         .insert(writes(&[tk("user:first", "viewer", "document:h")]))
         .await;
     env.wait_delivered(first).await;
-    troubled_stores(&env, n, 3, fault).await;
+    troubled_stores(&env, n, 3, fault, false).await;
     // Half of them tried at least once (those that hang hold their Writes for the request
     // timeout, 2 s): the others' turns come while the configured store's rows are committed.
     wait_until(
@@ -145,7 +157,7 @@ async fn many_failing_stores_do_not_hold_up_a_healthy_stores_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_failing_stores_are_paced_while_nothing_succeeds() {
     let env = Env::start().await;
-    troubled_stores(&env, 120, 1, Fault::internal()).await;
+    troubled_stores(&env, 120, 1, Fault::internal(), false).await;
     let relay = env.spawn_relay(&[]);
     relay.wait_for_log("delivering (leader)").await;
     crate::common::relay::wait_for_writes(&env.fga, 120, "every failing store is tried").await;
@@ -191,4 +203,53 @@ async fn many_failing_stores_are_paced_while_nothing_succeeds() {
     println!("the fresh store's row: {waited:?}");
     env.fga.clear_faults();
     env.wait_drained_within(Duration::from_secs(60)).await;
+}
+
+/// The queue held at its bound by the rows of stores whose Writes never answer (reads of 2
+/// rows: the bound is 16 rows; 40 such stores, 5 rows each on one tuple ahead, so that each has
+/// a Write in flight and rows waiting behind it, none held): a burst of 30 rows of the
+/// configured store, a store that works, committed at once, is read and delivered within
+/// seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_at_its_bound_with_hanging_stores_rows_still_reads_a_healthy_stores_rows() {
+    let env = Env::start().await;
+    let relay = env.spawn_relay(&[("FGA_RELAY_BATCH_SIZE", "2")]);
+    relay.wait_for_log("delivering (leader)").await;
+    let first = env
+        .insert(writes(&[tk("user:first", "viewer", "document:h")]))
+        .await;
+    env.wait_delivered(first).await;
+    troubled_stores(&env, 40, 5, Fault::Hang, true).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the hanging stores are tried",
+        || async { env.fga.write_count() >= 8 },
+    )
+    .await;
+    let rows: Vec<serde_json::Value> = (0..30)
+        .map(|k| writes(&[tk(&format!("user:b{k}"), "viewer", "document:burst")]))
+        .collect();
+    let admin = env.db.connect().await;
+    let from = Instant::now();
+    let ids: Vec<i64> = admin
+        .query(
+            "INSERT INTO fga_outbox (payload) SELECT unnest($1::jsonb[]) RETURNING id",
+            &[&rows],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let delivered = env
+        .all_delivered_within(&ids, Duration::from_secs(30))
+        .await;
+    let took = from.elapsed();
+    println!("the burst of 30 rows: {took:?} (all delivered: {delivered})");
+    assert!(
+        delivered && took < Duration::from_secs(5),
+        "the configured store's burst took {took:?} beside 40 hanging stores (all delivered: \
+         {delivered}); relay log:\n{}",
+        relay.logs()
+    );
 }
