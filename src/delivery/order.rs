@@ -330,7 +330,6 @@ impl Core {
     /// tuples waits behind them. Rows with nothing left to send are set aside to be marked.
     /// Counts the rows that cannot go now in `stuck`, and notes when the first may.
     ///
-    ///
     /// The trusted stores' rows are planned first (a store is trusted unless its last Write
     /// failed, or it has Writes in flight and never answered: see `Lanes::trusted`). Only when
     /// none of theirs may go does a store not trusted have its turn, the one whose last Write

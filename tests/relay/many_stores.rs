@@ -122,6 +122,7 @@ async fn a_healthy_store_is_served_beside(n: usize, fault: Fault, extra: &[(&str
     )
     .await;
     let waited = healthy_pairs(&env, 8).await;
+    println!("each pair beside {n} troubled stores: {waited:?}");
     assert!(
         waited
             .iter()
