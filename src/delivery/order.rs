@@ -203,6 +203,12 @@ impl Scan {
         if self.turns.last() != Some(&c.target.store) {
             self.turns.push(c.target.store.clone());
         }
+        if seen.untried {
+            // Ready for the reads, as a trusted store's: counted stuck, a burn-down spread over
+            // many stores not tried yet read on to the queue's bound, and the Writes it then
+            // planned went without their stores' rows read ahead (10 tuples each, not 97).
+            return true;
+        }
         // Not ready either, for the reads: a queue full of such rows must not keep a read from
         // finding a trusted store's.
         self.wait(c)
@@ -364,7 +370,6 @@ impl Core {
         let paced = self.lanes.paced(now);
         let stuck = self.stuck;
         let mut seen: HashSet<Option<Arc<str>>> = HashSet::new();
-        let mut plan = None;
         for store in turns {
             if !seen.insert(store.clone()) {
                 continue;
@@ -373,19 +378,21 @@ impl Core {
                 self.due_at(until);
                 continue;
             }
+            let untried = self.lanes.untried(&store);
             let mut scan = Scan {
                 pass: Pass::Turn(store),
                 ..Scan::default()
             };
-            plan = self.plan_with(now, &mut scan);
-            if plan.is_some() {
-                break;
+            if let Some(plan) = self.plan_with(now, &mut scan) {
+                // Its rows were counted stuck by the trusted stores' planning, unless its store
+                // was not tried yet (see `Scan::waits_turn`).
+                let counted = if untried { 0 } else { plan.rows.len() };
+                self.stuck = stuck.saturating_sub(counted);
+                return Some(plan);
             }
         }
-        // Its rows were counted stuck by the trusted stores' planning.
-        let planned = plan.as_ref().map_or(0, |p: &Plan| p.rows.len());
-        self.stuck = stuck.saturating_sub(planned);
-        plan
+        self.stuck = stuck;
+        None
     }
 
     /// The Write that may go while the window is full: one of a store with no Write in flight.
