@@ -166,6 +166,7 @@ struct Queries {
     claim_locked: String,
     claim_lanes: String,
     claim_store: String,
+    claim_trusted: String,
     claim_below: String,
     refresh: String,
     lock: String,
@@ -209,6 +210,7 @@ impl Store {
             claim_locked: r(include_str!("../sql/queries/claim_locked.sql")),
             claim_lanes: r(include_str!("../sql/queries/claim_lanes.sql")),
             claim_store: r(include_str!("../sql/queries/claim_store.sql")),
+            claim_trusted: r(include_str!("../sql/queries/claim_trusted.sql")),
             claim_below: r(include_str!("../sql/queries/claim_below.sql")),
             refresh: r(include_str!("../sql/queries/refresh.sql")),
             lock: r(include_str!("../sql/queries/lock.sql")),
@@ -340,6 +342,24 @@ impl Store {
         let stmt = tx.prepare_cached(&self.q.claim_lanes).await?;
         Self::claimed(
             tx.query(&stmt, &[&held, &closed, &limit, &configured, &lanes_only])
+                .await?,
+        )
+    }
+
+    /// Reads the lowest pending rows not among `held` of the lanes of `stores` (`""`: the
+    /// configured store's, whose id is `configured`), each from its own index
+    /// (claim_trusted.sql; nothing locked): at most `limit`, shared among them.
+    pub async fn claim_trusted(
+        &self,
+        tx: &impl GenericClient,
+        held: &[i64],
+        stores: &[&str],
+        limit: i64,
+        configured: &str,
+    ) -> Result<Vec<ClaimedRow>, tokio_postgres::Error> {
+        let stmt = tx.prepare_cached(&self.q.claim_trusted).await?;
+        Self::claimed(
+            tx.query(&stmt, &[&held, &stores, &limit, &configured])
                 .await?,
         )
     }

@@ -181,6 +181,20 @@ impl Core {
         closed
     }
 
+    /// The trusted stores' lanes (see `Lanes::trusted`) that OpenFGA answered, as a read
+    /// matches them (`""`: the configured store's lane), but those in `closed` (held, or with a
+    /// read's worth queued): the most recently proven first, a read's worth of them at most.
+    pub(super) fn trusted_lanes(&self, closed: &[&str]) -> Vec<String> {
+        let batch = self.settings.batch_size.max(1);
+        self.lanes
+            .answered_trusted()
+            .into_iter()
+            .map(|store| store.as_deref().unwrap_or("").to_owned())
+            .filter(|key| !closed.contains(&key.as_str()))
+            .take(batch)
+            .collect()
+    }
+
     /// The stores with rows in hand: queued, or in a Write in flight.
     pub(super) fn served(&self) -> Vec<Option<Arc<str>>> {
         let mut stores: Vec<Option<Arc<str>>> = self.lanes.flying_stores().cloned().collect();
@@ -198,24 +212,40 @@ impl Core {
     }
 
     /// How many rows in hand could go in the one Write more a full window holds: those of
-    /// stores with no Write in flight (see `Core::plan_spare`).
+    /// trusted stores with no Write in flight (see `Core::plan_spare`).
     pub(super) fn ready_for_spare(&self, now: Instant) -> usize {
         let mut last: Option<(&Option<Arc<str>>, bool)> = None;
         let mut ready = 0;
         // Rows come in runs of one store: one look a run. A held store's rows cannot go in it
-        // either.
+        // either, nor those of a store not trusted.
         for c in self.queue.values() {
             let idle = match last {
                 Some((store, idle)) if *store == c.target.store => idle,
                 _ => {
                     self.lanes.flying_of(&c.target.store) == 0
                         && self.lanes.held(&c.target, now).is_none()
+                        && self.lanes.trusted(&c.target.store)
                 }
             };
             last = Some((&c.target.store, idle));
             ready += usize::from(idle);
         }
         ready
+    }
+
+    /// How many Writes of stores not trusted (see `Lanes::trusted`) are in flight: together
+    /// they have half the window at most (see `Core::plan`).
+    pub(super) fn untrusted_flying(&self) -> usize {
+        self.flying_rows
+            .keys()
+            .filter(|store| !self.lanes.trusted(store))
+            .map(|store| self.lanes.flying_of(store))
+            .sum()
+    }
+
+    /// The most Writes the stores not trusted may have in flight together: half the window.
+    pub(super) fn untrusted_cap(&self) -> usize {
+        (self.window() / 2).max(1)
     }
 
     /// How many rows of `store` (`None`: the configured store) are queued, with ids below
@@ -365,6 +395,7 @@ impl Core {
             .flying_rows
             .entry(plan.target.store.clone())
             .or_default() += plan.rows.len();
+        self.lanes.left(&plan.target, now);
         self.lanes.flying(&plan.target, true);
         self.report.writes += 1;
         let gate = self.lanes.gate(&plan.target);

@@ -88,6 +88,17 @@ impl Core {
         now: Instant,
     ) -> Effects {
         let mut fx = Effects::default();
+        if !matches!(
+            result,
+            Err(WriteError::Transient { .. }
+                | WriteError::Throttled { .. }
+                | WriteError::Configuration { .. }
+                | WriteError::Unexpected { .. }
+                | WriteError::NotSent)
+        ) {
+            // OpenFGA itself answered: the store is not one that never answers.
+            self.lanes.answered(&flight.plan.target);
+        }
         let finished = result.as_ref().err().and_then(|e| flight.finished_by(e));
         let left = flight.left;
         let plan = flight.plan;
@@ -112,13 +123,17 @@ impl Core {
             }
             Err(e) => {
                 // OpenFGA struggling halves the window; one store failing leaves it to the
-                // others: only a store's first failure counts, and only while no other store's
-                // Writes succeed (a failing store sends one Write at a time meanwhile).
+                // others: only a store's first failure counts, and only while no other store
+                // works (none's Writes succeeded in the last 5 s, and every other store OpenFGA
+                // answered has failed since: dozens of stores failing at once beside one that
+                // works halved the window to a Write). A failing store has half the window at
+                // most meanwhile.
                 if matches!(
                     e,
                     WriteError::Transient { .. } | WriteError::Throttled { .. }
                 ) && self.lanes.working(&plan.target)
                     && !self.lanes.others_flow(&plan.target, now)
+                    && !self.lanes.others_work(&plan.target)
                 {
                     self.narrow();
                 }

@@ -15,10 +15,14 @@
 //!   store went down and succeed a little later (a server that is going down still answers the
 //!   requests it holds).
 //! - The window of Writes in flight is the relay's, shared by every lane: it is halved on a
-//!   store's failure only when no other store's Write succeeded lately (OpenFGA as a whole
-//!   struggling), so that one failing store leaves the window to the others. When one store's
-//!   slow Writes fill it, it holds one Write more, for a store with none in flight
-//!   (`Core::plan_spare`).
+//!   store's failure only when no other store's Write succeeded lately and no other store works
+//!   (OpenFGA as a whole struggling), so that one failing store leaves the window to the others.
+//!   When one store's slow Writes fill it, it holds one Write more, for a store with none in
+//!   flight (`Core::plan_spare`).
+//! - Many stores in trouble at once: the stores not trusted (last Write failed, or Writes in
+//!   flight never answered) have half the window together, after the trusted stores' rows, and
+//!   take turns (`Core::plan`); once nothing has succeeded for [`QUIET`], the failing ones send a
+//!   Write per [`PACE`] together.
 //!
 //! What is kept is bounded: the outcomes of the last minute (at most [`COMPARE_MAX`], a failed
 //! Write's with the ids of its rows), and a lane for each store seen lately (at most
@@ -50,6 +54,14 @@ const COMPARE_SHARE: usize = 4;
 const OTHERS_WINDOW: Duration = Duration::from_secs(5);
 /// Lanes kept before those idle and not held are forgotten (rows spread over many stores).
 const LANES_MAX: usize = 4096;
+/// Once no Write at all succeeded for this long while stores fail (OpenFGA down, or every
+/// store the rows name failing), the failing stores are paced together (see [`PACE`]).
+const QUIET: Duration = Duration::from_secs(5);
+/// While nothing succeeds (see [`QUIET`]), the failing stores together send at most one Write
+/// this often: each store's own backoff (2 s at most) lets hundreds of failing stores send
+/// hundreds of Writes a second, which cost OpenFGA and the relay's CPU and tell nothing more
+/// than one Write would. Stores not tried yet are not paced: they may work.
+const PACE: Duration = Duration::from_millis(100);
 
 /// The outcome of one Write, kept for [`COMPARE_WINDOW`].
 struct Outcome {
@@ -76,6 +88,21 @@ pub(super) struct Lane {
     proven: Option<Instant>,
     /// Its Writes in flight.
     flying: usize,
+    /// When its latest Write left: the stores that are not trusted take turns, the one that
+    /// waited longest first.
+    left: Option<Instant>,
+    /// OpenFGA answered one of its Writes (accepted it, or refused a row of it for good).
+    answered: bool,
+}
+
+impl Lane {
+    /// Whether its rows go first and it may use the whole window: its last answered Write did
+    /// not fail, and OpenFGA answered one of its Writes at all if it has Writes in flight (a
+    /// store whose Writes hang from its first on is no more trusted than one that fails). A
+    /// store not tried yet is.
+    fn trusted(&self) -> bool {
+        self.streak == 0 && (self.answered || self.flying == 0)
+    }
 }
 
 /// Every lane, and the outcomes of recent Writes.
@@ -83,6 +110,10 @@ pub(super) struct Lane {
 pub(super) struct Lanes {
     lanes: HashMap<Option<Arc<str>>, Lane>,
     recent: VecDeque<Outcome>,
+    /// The first failure of a store since a Write last succeeded, of any store.
+    failing_since: Option<Instant>,
+    /// When the latest Write of a failing store left while they are paced (see [`PACE`]).
+    paced_at: Option<Instant>,
 }
 
 impl Lanes {
@@ -111,13 +142,77 @@ impl Lanes {
         };
     }
 
-    /// Whether `target`'s store may have no more Writes in flight now: one failing (its last
-    /// Write failed) has at most `limit` in flight, to find out whether it is back (each of its
-    /// rows tried in turn), and leaves the rest of the window to the stores that work.
+    /// Whether `target`'s store may have no more Writes in flight now: one not trusted (its
+    /// last Write failed, or it never answered) has at most `limit` in flight, to find out
+    /// whether it is back (each of its rows tried in turn), and leaves the rest of the window
+    /// to the stores that work.
     pub(super) fn probing(&self, target: &Target, limit: usize) -> bool {
         self.lanes
             .get(&target.store)
-            .is_some_and(|l| l.streak > 0 && l.flying >= limit.max(1))
+            .is_some_and(|l| !l.trusted() && l.flying >= limit.max(1))
+    }
+
+    /// Whether `store`'s rows go first (see [`Lane::trusted`]).
+    pub(super) fn trusted(&self, store: &Option<Arc<str>>) -> bool {
+        self.lanes.get(store).is_none_or(Lane::trusted)
+    }
+
+    /// Whether `store` was not tried yet: no Write of it in flight, none answered (a lane
+    /// forgotten counts as not tried).
+    pub(super) fn untried(&self, store: &Option<Arc<str>>) -> bool {
+        self.lanes
+            .get(store)
+            .is_none_or(|l| l.streak == 0 && !l.answered && l.flying == 0)
+    }
+
+    /// OpenFGA answered a Write of `target`'s store: it accepted it, or refused a row of it
+    /// for good (a bad tuple, a store or model it does not have), which a store that works
+    /// does too.
+    pub(super) fn answered(&mut self, target: &Target) {
+        self.lane(target).answered = true;
+    }
+
+    /// The stores that work: OpenFGA answered them, their last answered Write did not fail,
+    /// and they are not held; the most recently proven first.
+    pub(super) fn answered_trusted(&self) -> Vec<Option<Arc<str>>> {
+        let now = Instant::now();
+        let mut stores: Vec<(Option<Instant>, &Option<Arc<str>>)> = self
+            .lanes
+            .iter()
+            .filter(|(_, l)| l.answered && l.trusted() && l.held_until.is_none_or(|t| t <= now))
+            .map(|(store, l)| (l.proven, store))
+            .collect();
+        stores.sort_by_key(|s| std::cmp::Reverse(s.0));
+        stores.into_iter().map(|(_, store)| store.clone()).collect()
+    }
+
+    /// Whether `store` failed: its last answered Write failed.
+    pub(super) fn failing(&self, store: &Option<Arc<str>>) -> bool {
+        self.lanes.get(store).is_some_and(|l| l.streak > 0)
+    }
+
+    /// When `store`'s latest Write left (`None`: never, or forgotten).
+    pub(super) fn left_at(&self, store: &Option<Arc<str>>) -> Option<Instant> {
+        self.lanes.get(store).and_then(|l| l.left)
+    }
+
+    /// Until when a failing store's Write must wait for its turn of the pace, if it must (see
+    /// [`PACE`]).
+    pub(super) fn paced(&self, now: Instant) -> Option<Instant> {
+        let quiet = self
+            .failing_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= QUIET);
+        let next = self.paced_at.map(|t| t + PACE).filter(|t| *t > now);
+        next.filter(|_| quiet)
+    }
+
+    /// A Write of `target`'s store leaves at `now`: its turn, and the pace's, if it fails.
+    pub(super) fn left(&mut self, target: &Target, now: Instant) {
+        let failing = self.failing(&target.store);
+        self.lane(target).left = Some(now);
+        if failing {
+            self.paced_at = Some(now);
+        }
     }
 
     /// How many Writes of `store` (`None`: the configured one) are in flight.
@@ -174,8 +269,15 @@ impl Lanes {
             },
             store: target.store.clone(),
         });
+        match failed {
+            true => {
+                self.failing_since.get_or_insert(now);
+            }
+            false => self.failing_since = None,
+        }
         if !failed {
             let lane = self.lane(target);
+            lane.answered = true;
             lane.proven = Some(lane.proven.map_or(left, |t| t.max(left)));
             lane.streak = 0;
             lane.held_until = lane.gate.until(now);
@@ -219,6 +321,14 @@ impl Lanes {
             .any(|o| o.store != target.store && !o.failed)
     }
 
+    /// Whether a store other than `target`'s works: OpenFGA answered its Writes, and its last
+    /// answered Write did not fail. Then a failure of `target`'s is not OpenFGA's as a whole.
+    pub(super) fn others_work(&self, target: &Target) -> bool {
+        self.lanes
+            .iter()
+            .any(|(store, l)| *store != target.store && l.answered && l.streak == 0)
+    }
+
     /// Holds `target`'s store on `schedule`, or for the server's `Retry-After` (then its gate
     /// closes too, for Writes of its already on their way); returns until when.
     pub(super) fn hold(
@@ -228,6 +338,7 @@ impl Lanes {
         retry_after: Option<Duration>,
         now: Instant,
     ) -> Instant {
+        self.failing_since.get_or_insert(now);
         let lane = self.lane(target);
         lane.streak += 1;
         let until = now + retry_after.unwrap_or_else(|| schedule.delay(lane.streak));

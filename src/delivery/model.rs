@@ -164,14 +164,17 @@ struct World {
     edited: HashSet<(usize, usize)>,
     /// Per (store, tuple): whether OpenFGA holds it.
     holds: HashMap<(usize, usize), bool>,
-    /// A store that never heals (for the isolation check), if any.
-    broken: Option<usize>,
+    /// The stores that never heal (for the isolation check).
+    broken: Vec<usize>,
     /// `--max-in-flight` of its relays.
     window: usize,
     /// When a Write last left or was answered (see `turn::STALLED`).
     moved: Duration,
     /// Per row of a healthy store: when it was delivered.
     delivered_at: HashMap<i64, Duration>,
+    /// A store that worked before the trouble started, and works again for each new relay
+    /// after a crash (see [`World::works`]).
+    working: Option<usize>,
 }
 
 /// A read by lane (claim_lanes.sql), while a store is held: each lane's lowest rows, an equal
@@ -207,11 +210,11 @@ fn new_core(window: usize) -> Core {
 }
 
 impl World {
-    fn new(broken: Option<usize>) -> World {
+    fn new(broken: &[usize]) -> World {
         World::with_window(broken, 8)
     }
 
-    fn with_window(broken: Option<usize>, window: usize) -> World {
+    fn with_window(broken: &[usize], window: usize) -> World {
         // The backoffs' jitter comes from this thread's generator: seeded, a case replays
         // exactly (from its seed in proptest-regressions, or as a unit test).
         fastrand::seed(0);
@@ -226,15 +229,51 @@ impl World {
             ticks: 0,
             edited: HashSet::new(),
             holds: HashMap::new(),
-            broken,
+            broken: broken.to_vec(),
             window,
             moved: Duration::ZERO,
             delivered_at: HashMap::new(),
+            working: None,
         }
     }
 
     fn now(&self) -> Instant {
         self.start + self.clock
+    }
+
+    /// Whether store `s` never heals.
+    fn is_broken(&self, s: usize) -> bool {
+        self.broken.contains(&s)
+    }
+
+    /// Store `s` delivers a row (on a tuple of its own, past the model's), as a store that
+    /// works does before the trouble starts; and does again for each new relay after a crash
+    /// (the model's hangs never time out: a store not tried yet would wait for good for its
+    /// turn among stores that never answer, where a relay's would wait a request timeout).
+    fn works(&mut self, s: usize) {
+        self.working = Some(s);
+        let now = self.now();
+        let id = self.rows.len() as i64 + 1;
+        let mut c = Self::candidate(&Row {
+            id,
+            store: s,
+            tuple: TUPLES,
+            write: true,
+            bad: false,
+            committed: None,
+            committed_tick: 0,
+            state: State::Delivered,
+            failures: 0,
+            version: 0,
+            launched: 0,
+            known: None,
+        });
+        c.id = 0;
+        self.core.admit(c);
+        let plan = self.core.plan(now).expect("the first row goes");
+        let flight = self.core.launch(plan, now);
+        self.core.landed(&flight.keys, &flight.plan);
+        let _ = self.core.judge(flight, Ok(()), now);
     }
 
     fn row(&mut self, id: i64) -> &mut Row {
@@ -332,7 +371,7 @@ impl World {
             }
             Event::Advance(ms) => self.clock += Duration::from_millis(ms),
             Event::SetHealth(s, h) => {
-                if self.broken != Some(s) && self.broken.is_none_or(|_| h == Health::Up) {
+                if !self.is_broken(s) && (self.broken.is_empty() || h == Health::Up) {
                     self.health[s] = h;
                 }
             }
@@ -353,7 +392,7 @@ impl World {
     /// An operator's change of a pending row; none where a store is down for good (a row moved
     /// into or out of it would fail or not for that alone).
     fn edit(&mut self, k: usize, store: usize, tuple: usize, write: bool) {
-        if self.broken.is_some() {
+        if !self.broken.is_empty() {
             return;
         }
         let open: Vec<i64> = self
@@ -583,7 +622,7 @@ impl World {
         let result = match self.health[store] {
             // Timeouts only where no store is down for good: there, a healthy store's rows must
             // never fail.
-            Health::Up if noise.is_multiple_of(11) && self.broken.is_none() => {
+            Health::Up if noise.is_multiple_of(11) && self.broken.is_empty() => {
                 // A timeout: applied or not.
                 if noise.is_multiple_of(2) {
                     let _ = self.openfga_applies(&flight);
@@ -653,6 +692,9 @@ impl World {
         }
         // A new relay: nothing in hand, no memory of rows or stores.
         self.core = new_core(self.window);
+        if let Some(s) = self.working {
+            self.works(s);
+        }
     }
 
     /// Whether a Write goes to a store that never answers.
@@ -664,7 +706,7 @@ impl World {
     fn chain(&self) -> u32 {
         let mut on: HashMap<(usize, usize), u32> = HashMap::new();
         for r in &self.rows {
-            if r.state == State::Pending && Some(r.store) != self.broken {
+            if r.state == State::Pending && !self.is_broken(r.store) {
                 *on.entry((r.store, r.tuple)).or_default() += 1;
             }
         }
@@ -684,7 +726,7 @@ impl World {
             self.commit(id);
         }
         for s in 0..STORES {
-            if self.broken != Some(s) {
+            if !self.is_broken(s) {
                 self.health[s] = Health::Up;
             }
         }
@@ -701,7 +743,7 @@ impl World {
             if self
                 .rows
                 .iter()
-                .all(|r| r.state != State::Pending || Some(r.store) == self.broken)
+                .all(|r| r.state != State::Pending || self.is_broken(r.store))
             {
                 return round + 1;
             }
@@ -710,12 +752,12 @@ impl World {
     }
 
     fn check(&self, rounds: u32, chain: u32) -> Result<(), TestCaseError> {
-        if self.broken.is_some() {
+        if !self.broken.is_empty() {
             // Nothing of theirs fails, so each round delivers the next row of each of their
-            // tuples, whatever the broken store holds: a round a row of the longest chain on one
-            // tuple, one more for each bad row OpenFGA rejects, a round's start, and one for a
-            // read the broken store's rows take when its hold ends (then it has a read's worth
-            // queued, and is left out of reads).
+            // tuples, whatever the broken stores hold: a round a row of the longest chain on one
+            // tuple, one more for each bad row OpenFGA rejects, a round's start, and one for each
+            // broken store, for a read its rows take when its hold ends (then it has a read's
+            // worth queued, and is left out of reads).
             //
             // Where the window is smaller than the stores, or a store that hangs holds its
             // Writes in it for good (the healthy stores' then go in the one Write more a full
@@ -724,13 +766,13 @@ impl World {
             // probe when its hold ends, in a window of one), and its rows for a read one round
             // more.
             let bad = self.rows.iter().filter(|r| r.bad).count() as u32;
-            let hangs = self.broken.is_some_and(|b| self.health[b] == Health::Hang);
+            let hangs = self.broken.iter().any(|&b| self.health[b] == Health::Hang);
             let turns = match hangs || self.window < STORES {
                 true => STORES as u32,
                 false => 1,
             };
             prop_assert!(
-                rounds <= turns * (chain + bad + 1) + 3,
+                rounds <= turns * (chain + bad + 1) + 2 + self.broken.len() as u32,
                 "the healthy stores took {} rounds (longest chain {}, {} bad rows)",
                 rounds,
                 chain,
@@ -738,7 +780,7 @@ impl World {
             );
         }
         for r in &self.rows {
-            if Some(r.store) == self.broken {
+            if self.is_broken(r.store) {
                 continue;
             }
             prop_assert!(r.state != State::Pending, "row {} lost", r.id);
@@ -749,9 +791,9 @@ impl World {
             );
         }
         self.check_order()?;
-        if self.broken.is_some() {
+        if !self.broken.is_empty() {
             for r in &self.rows {
-                if Some(r.store) == self.broken || r.bad {
+                if self.is_broken(r.store) || r.bad {
                     continue;
                 }
                 prop_assert_eq!(
@@ -791,7 +833,7 @@ impl World {
                     );
                 }
             }
-            if Some(*store) == self.broken || self.edited.contains(&(*store, *tuple)) {
+            if self.is_broken(*store) || self.edited.contains(&(*store, *tuple)) {
                 continue;
             }
             let last = self
@@ -813,7 +855,7 @@ impl World {
 /// strikes.
 #[test]
 fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
-    let mut world = World::new(None);
+    let mut world = World::new(&[]);
     for _ in 0..4 {
         world.apply(&Event::Insert {
             store: 1,
@@ -865,7 +907,7 @@ fn rows_of_a_held_store_let_go_are_only_those_above_every_row_of_it_kept() {
 /// rows is read first, and row 6 went before row 5 on their tuple.
 #[test]
 fn rows_of_a_held_store_are_not_let_go_below_a_write_of_it_in_flight() {
-    let mut world = World::with_window(None, 8);
+    let mut world = World::with_window(&[], 8);
     world.health[2] = Health::Down;
     let insert = |world: &mut World, store, tuple| {
         world.apply(&Event::Insert {
@@ -918,6 +960,47 @@ fn rows_of_a_held_store_are_not_let_go_below_a_write_of_it_in_flight() {
     world.check(rounds, chain).unwrap();
 }
 
+/// A store not trusted takes its turn behind a row whose store cannot be told (it names a
+/// store while the configured store's id is unknown: it may be this one), as every store's rows
+/// wait behind it in the other passes: its row below that row goes, the one above does not.
+#[test]
+fn a_store_taking_its_turn_waits_behind_a_row_whose_store_cannot_be_told() {
+    let mut world = World::with_window(&[], 8);
+    for (store, tuple) in [(1, 0), (2, 0), (1, 1)] {
+        world.apply(&Event::Insert {
+            store,
+            tuple,
+            write: true,
+            bad: false,
+        });
+        world.apply(&Event::Commit(0));
+    }
+    for id in 1..=3 {
+        world.admit(id);
+    }
+    let now = world.now();
+    let failing = Target {
+        store: store_of(1),
+        model: None,
+    };
+    // Store 1 failed: not trusted, its hold over.
+    world.core.lanes.hold(
+        &failing,
+        super::judge::OUTAGE_BACKOFF,
+        Some(Duration::from_millis(1)),
+        now,
+    );
+    let now = now + Duration::from_millis(10);
+    let Some(mut bar) = world.core.queue.remove(&2) else {
+        panic!("row 2 in hand");
+    };
+    (bar.malformed, bar.anywhere) = (true, true);
+    bar.hashes.clear();
+    world.core.bar(bar, now);
+    let plan = world.core.plan(now).map(|p| p.ids());
+    assert_eq!(plan, Some(vec![1]));
+}
+
 /// A stalled full window (store 1 hangs, window 1) with a read's worth of a
 /// *held* store's rows in hand (store 2, paused by a `Retry-After` of 60 s) counts those rows
 /// ready for the one Write more (`ready_for_spare` looks only at Writes in flight), so it does
@@ -925,7 +1008,7 @@ fn rows_of_a_held_store_are_not_let_go_below_a_write_of_it_in_flight() {
 /// pause, though the spare Write could take it at once.
 #[test]
 fn a_held_stores_rows_in_hand_do_not_keep_a_stalled_window_from_reading() {
-    let mut world = World::with_window(Some(1), 1);
+    let mut world = World::with_window(&[1], 1);
     world.health[1] = Health::Hang;
     for tuple in [0, 1, 2, 0] {
         world.apply(&Event::Insert {
@@ -989,6 +1072,104 @@ fn a_held_stores_rows_in_hand_do_not_keep_a_stalled_window_from_reading() {
     );
 }
 
+/// A row of its own on a tuple of its own for `target`.
+fn lone_row(id: i64, target: Target) -> Candidate {
+    let key = TupleKey {
+        object: format!("doc:{id}"),
+        relation: "viewer".into(),
+        user: "user:a".into(),
+    };
+    Candidate {
+        id,
+        created_at: SystemTime::now(),
+        hashes: vec![key_hash(target.store_key(), &key)],
+        ops: Arc::from(vec![Op::Write {
+            key,
+            condition: None,
+        }]),
+        target,
+        text: Arc::from("row"),
+        malformed: false,
+        anywhere: false,
+    }
+}
+
+fn named(s: &str) -> Target {
+    Target {
+        store: Some(Arc::from(s)),
+        model: None,
+    }
+}
+
+/// Many stores in trouble: a trusted store's row goes before theirs, whatever its id; once
+/// nothing succeeded for 5 s, the failing stores send a Write per 100 ms together; they have
+/// half the window together; a store not tried yet goes beside them, unpaced; and they take
+/// turns, the one whose last Write left longest ago first.
+#[test]
+fn stores_in_trouble_have_half_the_window_paced_and_take_turns() {
+    let mut core = new_core(8);
+    let start = Instant::now();
+    // Twelve stores failed once at the start; their holds are over 6 s later.
+    for s in 0..12 {
+        let t = named(&format!("t{s}"));
+        core.lanes
+            .hold(&t, super::judge::OUTAGE_BACKOFF, None, start);
+        core.admit(lone_row(s + 1, t));
+    }
+    let trusted = named("ok");
+    core.lanes.note(false, &[], &trusted, start, start);
+    core.lanes.note(true, &[1], &named("t0"), start, start);
+    core.admit(lone_row(1000, trusted.clone()));
+    let now = start + Duration::from_secs(6);
+    let plan = core.plan(now).expect("a Write");
+    assert_eq!(plan.target, trusted, "the trusted store's row goes first");
+    let mut flights = vec![core.launch(plan, now)];
+    // The failing stores: one Write each 100 ms, four in flight at most (half the window).
+    let mut sent = Vec::new();
+    let mut clock = now;
+    while clock < now + Duration::from_secs(2) {
+        match core.plan(clock) {
+            Some(plan) => {
+                sent.push((clock - now, plan.ids()));
+                flights.push(core.launch(plan, clock));
+            }
+            None => clock += Duration::from_millis(50),
+        }
+    }
+    let at: Vec<u128> = sent.iter().map(|(d, _)| d.as_millis()).collect();
+    assert_eq!(at, vec![0, 100, 200, 300], "paced, four at most: {sent:?}");
+    assert_eq!(core.untrusted_flying(), 4);
+    // A store not tried yet goes at once, neither paced nor kept for the half.
+    core.admit(lone_row(2000, named("new")));
+    let plan = core.plan(clock).expect("the new store's Write");
+    assert_eq!(plan.ids(), vec![2000]);
+    let flight = core.launch(plan, clock);
+    // Until it answers, it is not trusted either: it counts in the half.
+    assert_eq!(core.untrusted_flying(), 5);
+    core.landed(&flight.keys, &flight.plan);
+    let _ = core.judge(flight, Ok(()), clock);
+    // Store t0 (row 1) fails again; once its hold is over, a store that has not sent yet
+    // (t4, row 5) has the next turn, not t0.
+    let i = flights
+        .iter()
+        .position(|f| f.plan.ids() == vec![1])
+        .expect("t0's Write");
+    let flight = flights.remove(i);
+    core.landed(&flight.keys, &flight.plan);
+    let failure = WriteError::Transient {
+        reason: "500".into(),
+        retry_after: None,
+    };
+    let _ = core.judge(flight, Err(failure), clock);
+    clock += Duration::from_secs(3);
+    let plan = core.plan(clock).expect("a turn");
+    assert_eq!(
+        plan.ids(),
+        vec![5],
+        "the store that waited longest has the turn"
+    );
+}
+
 /// `--max-in-flight`: one Write at a time, a window a store's few tuples fill, and the default
 /// halved (the model's stores have three tuples each).
 fn windows() -> impl Strategy<Value = usize> {
@@ -1012,7 +1193,7 @@ proptest! {
         window in windows(),
         events in prop::collection::vec(event(), 1..300),
     ) {
-        let mut world = World::with_window(None, window);
+        let mut world = World::with_window(&[], window);
         for e in &events {
             world.apply(e);
         }
@@ -1029,8 +1210,36 @@ proptest! {
         window in windows(),
         events in prop::collection::vec(event(), 1..300),
     ) {
-        let mut world = World::with_window(Some(broken), window);
+        let mut world = World::with_window(&[broken], window);
         world.health[broken] = Health::Down;
+        for e in &events {
+            world.apply(e);
+        }
+        let chain = world.chain();
+        let rounds = world.settle();
+        world.check(rounds, chain)?;
+    }
+
+    /// With every store but one in trouble for good, each down or hanging, the healthy store's
+    /// rows are all delivered, none of them ever failing: however many stores fail or hang,
+    /// they hold up no store that works (they have half the window, and take turns after it).
+    /// The healthy store has worked before (a store not tried yet takes its turn among the
+    /// stores not trusted, which the model's hangs, never timing out, hold for good), and the
+    /// window holds two Writes or more (in a window of one, two stores that never answer hold
+    /// it and the one Write more it keeps until one of them times out).
+    #[test]
+    fn every_other_store_in_trouble_never_holds_up_the_healthy_one(
+        healthy in 0..STORES,
+        hang in prop::collection::vec(any::<bool>(), STORES),
+        window in prop::sample::select(vec![2usize, 8]),
+        events in prop::collection::vec(event(), 1..300),
+    ) {
+        let broken: Vec<usize> = (0..STORES).filter(|&s| s != healthy).collect();
+        let mut world = World::with_window(&broken, window);
+        world.works(healthy);
+        for &b in &broken {
+            world.health[b] = if hang[b] { Health::Hang } else { Health::Down };
+        }
         for e in &events {
             world.apply(e);
         }
@@ -1048,7 +1257,7 @@ proptest! {
         window in 1usize..=2,
         events in prop::collection::vec(event(), 1..300),
     ) {
-        let mut world = World::with_window(Some(broken), window);
+        let mut world = World::with_window(&[broken], window);
         world.health[broken] = Health::Hang;
         for e in &events {
             world.apply(e);

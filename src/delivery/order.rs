@@ -124,12 +124,41 @@ struct Scan {
     stuck: usize,
     /// When the first of them may.
     due: Option<Instant>,
-    /// Planning the Write the window holds beyond its size: only a store with no Write in
-    /// flight may have it (see [`Core::plan_spare`]).
-    spare: bool,
-    /// The store of the last row looked at, and whether it had Writes in flight: rows come in
-    /// runs of one store.
-    last_store: Option<(Option<Arc<str>>, bool)>,
+    /// Which rows this planning may take.
+    pass: Pass,
+    /// The stores not trusted with a row that may go, as met (see [`Core::plan`]).
+    turns: Vec<Option<Arc<str>>>,
+    /// A store not tried yet may send its first Write with the trusted stores' (see
+    /// [`Core::plan`]).
+    untried_room: bool,
+    /// The store of the last row looked at, and what is known of it: rows come in runs of one
+    /// store.
+    last_store: Option<(Option<Arc<str>>, Seen)>,
+}
+
+/// What planning looks at of a store (see `Lanes`).
+#[derive(Clone, Copy)]
+struct Seen {
+    /// It has Writes in flight.
+    busy: bool,
+    /// Its rows may go with the trusted stores' (see `Lanes::trusted`).
+    trusted: bool,
+    /// It was not tried yet.
+    untried: bool,
+}
+
+/// Which rows a planning may take (see [`Core::plan`]).
+#[derive(Default)]
+enum Pass {
+    /// Rows of trusted stores: the stores not trusted with a row that may go are noted.
+    #[default]
+    Trusted,
+    /// The Write the window holds beyond its size: only a trusted store with no Write in
+    /// flight may have it, one not tried yet only with `Scan::untried_room` (see
+    /// [`Core::plan_spare`]).
+    Spare,
+    /// Rows of this store, not trusted, whose turn it is.
+    Turn(Option<Arc<str>>),
 }
 
 impl Scan {
@@ -144,17 +173,63 @@ impl Scan {
         self.due = Some(self.due.map_or(at, |d| d.min(at)));
     }
 
-    /// Whether the store of row `c` has Writes in flight.
-    fn busy(&mut self, lanes: &Lanes, c: &Candidate) -> bool {
+    /// What is known of the store of row `c`.
+    fn look(&mut self, lanes: &Lanes, c: &Candidate) -> Seen {
         let store = &c.target.store;
-        if let Some((last, busy)) = &self.last_store
+        if let Some((last, seen)) = &self.last_store
             && last == store
         {
-            return *busy;
+            return *seen;
         }
-        let busy = lanes.flying_of(store) > 0;
-        self.last_store = Some((store.clone(), busy));
-        busy
+        let seen = Seen {
+            busy: lanes.flying_of(store) > 0,
+            trusted: lanes.trusted(store),
+            untried: lanes.untried(store),
+        };
+        self.last_store = Some((store.clone(), seen));
+        seen
+    }
+
+    /// Whether row `c`, which nothing else holds back, waits for its store's turn among the
+    /// stores not trusted (see [`Core::plan`]): noted as such.
+    fn waits_turn(&mut self, lanes: &Lanes, c: &Candidate) -> bool {
+        if !matches!(self.pass, Pass::Trusted) {
+            return false;
+        }
+        let seen = self.look(lanes, c);
+        if seen.trusted && (!seen.untried || self.untried_room) {
+            return false;
+        }
+        if self.turns.last() != Some(&c.target.store) {
+            self.turns.push(c.target.store.clone());
+        }
+        if seen.untried {
+            // Ready for the reads, as a trusted store's: counted stuck, a burn-down spread over
+            // many stores not tried yet read on to the queue's bound, and the Writes it then
+            // planned went without their stores' rows read ahead (10 tuples each, not 97).
+            return true;
+        }
+        // Not ready either, for the reads: a queue full of such rows must not keep a read from
+        // finding a trusted store's.
+        self.wait(c)
+    }
+
+    /// Whether row `c` is not for this planning at all: of another store than the one whose
+    /// turn it is, or, for the Write beyond the window, of a store with Writes in flight or not
+    /// trusted. Such rows are passed over at the cost of a comparison, and not counted stuck
+    /// (their tuples hold back no other store's: a tuple's key is its store's).
+    fn not_for_this_pass(&mut self, lanes: &Lanes, c: &Candidate) -> bool {
+        match &self.pass {
+            Pass::Trusted => false,
+            // A row whose store cannot be told (`Candidate::anywhere`) may be of this one: it bars
+            // every later row, as in the other passes.
+            Pass::Turn(store) => *store != c.target.store && !c.anywhere,
+            Pass::Spare if c.malformed || self.all_barred => false,
+            Pass::Spare => {
+                let seen = self.look(lanes, c);
+                seen.busy || !seen.trusted || (seen.untried && !self.untried_room)
+            }
+        }
     }
 }
 
@@ -214,10 +289,7 @@ impl Core {
     /// store's hold), its store failing with its share of the window in flight, or on a tuple
     /// of a Write in flight or of an earlier row left waiting.
     fn passed_over(&self, c: &Candidate, now: Instant, scan: &mut Scan) -> bool {
-        if scan.spare && !c.malformed && !scan.all_barred && scan.busy(&self.lanes, c) {
-            // Its store has Writes in flight: its rows wait for a slot of the window proper,
-            // and are not stuck for it. Their tuples hold back no other store's (a tuple's key
-            // is its store's), so they are passed over at the cost of a comparison.
+        if scan.not_for_this_pass(&self.lanes, c) {
             return true;
         }
         let retry_at = self.memo.get(&c.id).and_then(|m| m.retry_at);
@@ -254,7 +326,7 @@ impl Core {
         {
             return scan.wait(c);
         }
-        false
+        scan.waits_turn(&self.lanes, c)
     }
 
     /// Takes the rows of the next Write from the queue: in id order, all for the target of the
@@ -265,8 +337,64 @@ impl Core {
     /// backoff, or their store's hold) stay in the queue, and so every later row on their
     /// tuples waits behind them. Rows with nothing left to send are set aside to be marked.
     /// Counts the rows that cannot go now in `stuck`, and notes when the first may.
+    ///
+    /// The trusted stores' rows are planned first (a store is trusted unless its last Write
+    /// failed, or it has Writes in flight and never answered: see `Lanes::trusted`). Only when
+    /// none of theirs may go does a store not trusted have its turn, the one whose last Write
+    /// left longest ago first (a store not tried yet before any), and only while those stores
+    /// together have fewer than half the window in flight; a failing store waits for its turn
+    /// of the pace too, while nothing succeeds (`Lanes::paced`). A store not tried yet sends
+    /// its first Write with the trusted stores' while those not trusted have at most half the
+    /// window in flight (one Write beyond it, then: a store that works, tried while others
+    /// hang, is not kept waiting for their timeouts), and takes its turn otherwise. So dozens
+    /// of stores that fail, or never answer, cannot fill the window, nor take every slot as it
+    /// frees, while a trusted store's rows wait; and none of them starves the others.
     pub(super) fn plan(&mut self, now: Instant) -> Option<Plan> {
-        self.plan_with(now, Scan::default())
+        let mut scan = Scan {
+            untried_room: self.untrusted_flying() <= self.untrusted_cap(),
+            ..Scan::default()
+        };
+        if let Some(plan) = self.plan_with(now, &mut scan) {
+            return Some(plan);
+        }
+        self.plan_turn(now, scan.turns)
+    }
+
+    /// The Write of the store not trusted whose turn it is, among `turns` (see
+    /// [`Core::plan`]). What cannot go was counted by the trusted stores' planning: their rows
+    /// were counted stuck there.
+    fn plan_turn(&mut self, now: Instant, mut turns: Vec<Option<Arc<str>>>) -> Option<Plan> {
+        if turns.is_empty() || self.untrusted_flying() >= self.untrusted_cap() {
+            return None;
+        }
+        // Longest waiting first (never sent first of all); in id order among equals.
+        turns.sort_by_key(|store| self.lanes.left_at(store));
+        let paced = self.lanes.paced(now);
+        let stuck = self.stuck;
+        let mut seen: HashSet<Option<Arc<str>>> = HashSet::new();
+        for store in turns {
+            if !seen.insert(store.clone()) {
+                continue;
+            }
+            if let Some(until) = paced.filter(|_| self.lanes.failing(&store)) {
+                self.due_at(until);
+                continue;
+            }
+            let untried = self.lanes.untried(&store);
+            let mut scan = Scan {
+                pass: Pass::Turn(store),
+                ..Scan::default()
+            };
+            if let Some(plan) = self.plan_with(now, &mut scan) {
+                // Its rows were counted stuck by the trusted stores' planning, unless its store
+                // was not tried yet (see `Scan::waits_turn`).
+                let counted = if untried { 0 } else { plan.rows.len() };
+                self.stuck = stuck.saturating_sub(counted);
+                return Some(plan);
+            }
+        }
+        self.stuck = stuck;
+        None
     }
 
     /// The Write that may go while the window is full: one of a store with no Write in flight.
@@ -274,34 +402,43 @@ impl Core {
     /// it is the only one with rows; a row of another store, committed meanwhile, then goes at
     /// once in this one more Write rather than wait for a slot, so that one store's slow Writes
     /// never hold up another's rows. One at a time: the window holds at most one Write more
-    /// than its size, whatever the number of stores.
+    /// than its size, whatever the number of stores. A store that answered before has it
+    /// first; a store not tried yet only after them, and only while the stores not trusted
+    /// have at most half the window in flight (dozens of stores not tried yet, which may all
+    /// hang, would otherwise take it in turn, in id order, ahead of a store that works).
     pub(super) fn plan_spare(&mut self, now: Instant) -> Option<Plan> {
         // Planned at every landing while the window is full: the rows of stores with Writes
-        // in flight, nearly all of the queue then, cost a comparison each (see `Scan::busy`).
+        // in flight, nearly all of the queue then, cost a comparison each (see `Scan::look`).
         let stuck = self.stuck;
-        let plan = self.plan_with(
-            now,
-            Scan {
-                spare: true,
+        let mut scan = Scan {
+            pass: Pass::Spare,
+            ..Scan::default()
+        };
+        let mut plan = self.plan_with(now, &mut scan);
+        if plan.is_none() && self.untrusted_flying() <= self.untrusted_cap() {
+            let mut scan = Scan {
+                pass: Pass::Spare,
+                untried_room: true,
                 ..Scan::default()
-            },
-        );
+            };
+            plan = self.plan_with(now, &mut scan);
+        }
         // What cannot go in the window proper was counted by its own planning.
         self.stuck = stuck;
         plan
     }
 
-    fn plan_with(&mut self, now: Instant, mut scan: Scan) -> Option<Plan> {
+    fn plan_with(&mut self, now: Instant, scan: &mut Scan) -> Option<Plan> {
         let mut draft = Draft::default();
         let ids: Vec<i64> = self.queue.keys().copied().collect();
         for id in ids {
             let Some(c) = self.queue.get(&id) else {
                 continue;
             };
-            if self.passed_over(c, now, &mut scan) {
+            if self.passed_over(c, now, scan) {
                 continue;
             }
-            if let Step::Full = self.consider(id, &mut draft, &mut scan) {
+            if let Step::Full = self.consider(id, &mut draft, scan) {
                 break;
             }
         }

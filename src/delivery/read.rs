@@ -63,6 +63,21 @@ enum Claim {
     /// The stores with no row in hand: each lane not left out from its own index, no walk in id
     /// order (see `turn::FAIR_READ`). With the configured store's id, as `ByLane`.
     Lanes(String),
+    /// The queue at its bound with rows of stores not trusted: the trusted stores' lanes, each
+    /// from its own index (see `Deliverer::trusted_read`). With the configured store's id, as
+    /// `ByLane`.
+    Trusted(String),
+}
+
+/// Which rows a read takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// The lowest pending rows not in hand.
+    Lowest,
+    /// Those of the stores with no row in hand (see `turn::FAIR_READ`).
+    Others,
+    /// Those of the trusted stores (see `Deliverer::trusted_read`).
+    Trusted,
 }
 
 /// Why a row read cannot be queued yet.
@@ -91,18 +106,19 @@ impl Deliverer {
     /// Reads the lowest pending rows not in hand (of stores not held) into the queue: at most
     /// `limit`. With `lock` (nothing in hand, no store held), it reads them locked, and keeps
     /// the transaction that holds them for the next Write when every row read went into the
-    /// queue. `others`: only the stores with no row in hand, each from its own index (see
-    /// `turn::FAIR_READ`; never asked without the configured store's id).
+    /// queue. `scope` [`Scope::Others`]: only the stores with no row in hand, each from its own
+    /// index (see `turn::FAIR_READ`); [`Scope::Trusted`]: only the trusted stores' (see
+    /// `Deliverer::trusted_read`); neither is asked without the configured store's id.
     pub(super) async fn read_page(
         &mut self,
         limit: usize,
         lock: bool,
-        others: bool,
+        scope: Scope,
     ) -> Result<Read, StoreError> {
         let hand = self.core.hand();
         self.full = self.core.full();
         let mut out = self.full.clone();
-        if others {
+        if scope == Scope::Others {
             out.extend(self.core.served());
         }
         let closed = self
@@ -118,7 +134,8 @@ impl Deliverer {
         // are in one lane with the rows naming none, read together in id order.
         let configured = self.client.configured_store_id();
         let how = match (self.left_out.is_empty(), configured) {
-            (_, Some(id)) if others => Claim::Lanes(id.to_owned()),
+            (_, Some(id)) if scope == Scope::Others => Claim::Lanes(id.to_owned()),
+            (_, Some(id)) if scope == Scope::Trusted => Claim::Trusted(id.to_owned()),
             (true, _) if lock => Claim::Locked,
             (false, Some(id)) => Claim::ByLane(id.to_owned()),
             _ => Claim::InIdOrder,
@@ -145,7 +162,7 @@ impl Deliverer {
         let limit = limit as i64;
         let locked = match &how {
             Claim::Locked => self.store.claim_locked(conn, hand, closed, limit).await?,
-            Claim::InIdOrder | Claim::ByLane(_) | Claim::Lanes(_) => None,
+            Claim::InIdOrder | Claim::ByLane(_) | Claim::Lanes(_) | Claim::Trusted(_) => None,
         };
         // A transaction is open, holding the rows read.
         let mut open = locked.is_some();
@@ -159,6 +176,13 @@ impl Deliverer {
             (None, Claim::Lanes(configured)) => {
                 self.store
                     .claim_lanes(conn, hand, closed, limit, configured, true)
+                    .await?
+            }
+            (None, Claim::Trusted(configured)) => {
+                let stores = self.core.trusted_lanes(closed);
+                let stores: Vec<&str> = stores.iter().map(String::as_str).collect();
+                self.store
+                    .claim_trusted(conn, hand, &stores, limit, configured)
                     .await?
             }
             (None, _) => self.store.claim(conn, hand, closed, limit).await?,
@@ -183,7 +207,7 @@ impl Deliverer {
         // Read by lane, a lane's share may have been less than it has pending: more is read
         // while reads bring rows.
         let more = match how {
-            Claim::ByLane(_) | Claim::Lanes(_) => n > 0,
+            Claim::ByLane(_) | Claim::Lanes(_) | Claim::Trusted(_) => n > 0,
             Claim::Locked | Claim::InIdOrder => n as i64 >= limit,
         };
         Ok(Read { rows: n, more })

@@ -15,6 +15,7 @@ mod lanes;
 mod leadership;
 mod libpq;
 mod listen;
+mod many_stores;
 mod messages;
 mod observability;
 mod openfga;
