@@ -184,10 +184,10 @@ impl Core {
     /// The trusted stores' lanes (see `Lanes::trusted`) that OpenFGA answered, as a read
     /// matches them (`""`: the configured store's lane), but those in `closed` (held, or with a
     /// read's worth queued): the most recently proven first, a read's worth of them at most.
-    pub(super) fn trusted_lanes(&self, closed: &[&str]) -> Vec<String> {
+    pub(super) fn trusted_lanes(&self, closed: &[&str], now: Instant) -> Vec<String> {
         let batch = self.settings.batch_size.max(1);
         self.lanes
-            .answered_trusted()
+            .answered_trusted(now)
             .into_iter()
             .map(|store| store.as_deref().unwrap_or("").to_owned())
             .filter(|key| !closed.contains(&key.as_str()))

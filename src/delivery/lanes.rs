@@ -103,6 +103,11 @@ impl Lane {
     fn trusted(&self) -> bool {
         self.streak == 0 && (self.answered || self.flying == 0)
     }
+
+    /// Whether it works at `now`: OpenFGA answered it, it is trusted, and it is not held.
+    fn works(&self, now: Instant) -> bool {
+        self.answered && self.trusted() && self.held_until.is_none_or(|t| t <= now)
+    }
 }
 
 /// Every lane, and the outcomes of recent Writes.
@@ -173,17 +178,22 @@ impl Lanes {
     }
 
     /// The stores that work: OpenFGA answered them, their last answered Write did not fail,
-    /// and they are not held; the most recently proven first.
-    pub(super) fn answered_trusted(&self) -> Vec<Option<Arc<str>>> {
-        let now = Instant::now();
+    /// and they are not held at `now`; the most recently proven first.
+    pub(super) fn answered_trusted(&self, now: Instant) -> Vec<Option<Arc<str>>> {
         let mut stores: Vec<(Option<Instant>, &Option<Arc<str>>)> = self
             .lanes
             .iter()
-            .filter(|(_, l)| l.answered && l.trusted() && l.held_until.is_none_or(|t| t <= now))
+            .filter(|(_, l)| l.works(now))
             .map(|(store, l)| (l.proven, store))
             .collect();
         stores.sort_by_key(|s| std::cmp::Reverse(s.0));
         stores.into_iter().map(|(_, store)| store.clone()).collect()
+    }
+
+    /// Whether any store works at `now` (see [`Lanes::answered_trusted`]): asked at each read
+    /// while the queue is at its bound, so without collecting or sorting them.
+    pub(super) fn any_works(&self, now: Instant) -> bool {
+        self.lanes.values().any(|l| l.works(now))
     }
 
     /// Whether `store` failed: its last answered Write failed.

@@ -179,7 +179,7 @@ impl Deliverer {
                     .await?
             }
             (None, Claim::Trusted(configured)) => {
-                let stores = self.core.trusted_lanes(closed);
+                let stores = self.core.trusted_lanes(closed, Instant::now());
                 let stores: Vec<&str> = stores.iter().map(String::as_str).collect();
                 self.store
                     .claim_trusted(conn, hand, &stores, limit, configured)

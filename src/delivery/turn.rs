@@ -230,7 +230,7 @@ impl Deliverer {
         ready < batch
             && self.core.queue.len() < (read::AHEAD_PAGES + 2) * batch
             && self.client.configured_store_id().is_some()
-            && !self.core.lanes.answered_trusted().is_empty()
+            && self.core.lanes.any_works(Instant::now())
     }
 
     /// Arms the read of the stores with no row in hand while rows are in hand, and disarms it
