@@ -416,27 +416,19 @@ impl Deliverer {
         created_at: std::time::SystemTime,
         text: &str,
     ) -> Result<(), Unqueued> {
-        // `""` is read among the rows naming none (`coalesce(payload->>'store_id', '')`): so
-        // is the bar.
-        let named: Option<Arc<str>> = serde_json::from_str::<serde_json::Value>(text)
-            .ok()
-            .and_then(|v| {
-                v.get("store_id")?
-                    .as_str()
-                    .filter(|s| !s.is_empty())
-                    .map(Arc::from)
-            });
-        let target = match &named {
+        let target = match lane_named(text) {
             None => Target::default(),
-            Some(store) => {
+            // Not a string: no store id, the configured one's least of all.
+            Some(Lane::Other(store)) => Target::of(Some(&store), None, ""),
+            Some(Lane::Id(store)) => {
                 // Naming the configured store's id, it bars the rows naming none: that id is
                 // resolved, not taken as unknown, or those rows would overtake it.
                 let Ok(configured) = self.client.store_id().await else {
                     let what =
                         "a row that cannot be decoded, held by another session, names a store";
-                    return Err(unresolved(&self.said, id, store, what));
+                    return Err(unresolved(&self.said, id, &store, what));
                 };
-                Target::of(named.as_ref(), None, configured)
+                Target::of(Some(&store), None, configured)
             }
         };
         self.core.bar(
@@ -635,5 +627,27 @@ impl Deliverer {
         let (_, stopped) = self.queue_rows(&conn, rows, &mut false).await?;
         self.ahead.0.insert(store.clone(), stopped || n < limit);
         Ok(())
+    }
+}
+
+/// The lane a row's payload puts it in, as the reads count it (`payload->>'store_id'`, `''`
+/// for none): `None` for the rows naming none (no `store_id`, null, `""`, or a payload that is
+/// not JSON).
+enum Lane {
+    /// A string: maybe the configured store's id.
+    Id(Arc<str>),
+    /// Any other value (a number, an object...), by its JSON text: no store's id, so no row
+    /// that can be delivered is in its lane (where PostgreSQL spells the value otherwise, the
+    /// bar is in a lane of its own and holds up nothing).
+    Other(Arc<str>),
+}
+
+fn lane_named(text: &str) -> Option<Lane> {
+    let value = serde_json::from_str::<serde_json::Value>(text).ok()?;
+    match value.get("store_id")? {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) if s.is_empty() => None,
+        serde_json::Value::String(s) => Some(Lane::Id(Arc::from(s.as_str()))),
+        other => Some(Lane::Other(Arc::from(other.to_string()))),
     }
 }

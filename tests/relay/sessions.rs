@@ -103,6 +103,48 @@ async fn a_held_malformed_row_bars_the_configured_store(text: &str) {
     assert!(env.row(bad).await.delivered);
 }
 
+/// A held malformed row whose `store_id` is not a string (`123`, `true`, an object) names no
+/// store the configured one could be: the relay's reads count it in the lane of that value's
+/// text (`payload->>'store_id'`), and so does its bar. The configured store's rows, which are
+/// not in that lane, are delivered while it is held. It used to bar them as a row naming none
+/// does, for as long as the other session held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_malformed_row_naming_a_store_by_a_number_bars_none_of_the_configured_stores_rows() {
+    let env = Env::start().await;
+    let admin = env.db.connect().await;
+    let mut held = Vec::new();
+    for text in [
+        r#"{"writes": [], "store_id": 123}"#,
+        r#"{"writes": [], "store_id": {"id": "x"}}"#,
+    ] {
+        let bad = crate::common::relay::insert_text(&admin, text)
+            .await
+            .expect("insert a malformed row");
+        held.push((bad, env.hold_row(bad).await));
+    }
+    let relay = env.spawn_relay(&[]);
+    relay.wait_for_log("delivering (leader)").await;
+    let grant = env
+        .insert(writes(&[tk("user:anne", "viewer", "document:a")]))
+        .await;
+    wait_until(
+        PROMPTLY,
+        "the configured store's row is delivered",
+        || async { env.row(grant).await.delivered },
+    )
+    .await;
+    for (bad, holder) in held {
+        let state = env.row(bad).await;
+        assert!(!state.delivered && !state.dead, "row {bad}: {state:?}");
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        wait_until(PROMPTLY, "the malformed row is dead-lettered", || async {
+            env.row(bad).await.dead
+        })
+        .await;
+    }
+    assert!(env.fga.has("user:anne", "viewer", "document:a"));
+}
+
 /// Each tuple's operations in id order, for the outbox `faults::fill` makes of `n` rows (row i
 /// writes `user:u{i} viewer document:{i % 100}`; every tenth also deletes the tuple written
 /// five rows before).
