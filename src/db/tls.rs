@@ -67,6 +67,12 @@ pub enum SslMode {
     VerifyFull,
 }
 
+/// Why an option's value is left out of its error: in a URL whose password holds an unescaped
+/// `&`, what follows it reads as more options (`...?password=a&sslmode=b`), and the value may
+/// be a piece of the password.
+const NOT_SHOWN: &str = " (the value given is not shown: in a malformed string it may be a \
+                         piece of a password)";
+
 impl SslMode {
     fn parse(s: &str) -> Result<SslMode, ConfigError> {
         Ok(match s {
@@ -76,12 +82,13 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => {
+            _ => {
                 return Err(ConfigError::new(
                     SETTING,
                     format!(
-                        "sslmode={other:?} is not one of disable, allow, prefer, require, \
-                         verify-ca, verify-full"
+                        "sslmode is not one of disable, allow, prefer, require, verify-ca, \
+                         verify-full{}",
+                        NOT_SHOWN
                     ),
                 ));
             }
@@ -330,11 +337,11 @@ pub fn configure(params: &TlsParams, unix_only: bool) -> Result<PgTls, ConfigErr
 fn check_gssencmode(params: &TlsParams) -> Result<(), ConfigError> {
     match params.gssencmode.as_deref() {
         None | Some("disable" | "prefer") => Ok(()),
-        Some(other) => Err(ConfigError::new(
+        Some(_) => Err(ConfigError::new(
             SETTING,
             format!(
-                "gssencmode={other:?}: fga-relay does not do GSSAPI encryption (use \
-                 gssencmode=disable, and sslmode for TLS)"
+                "gssencmode is neither disable nor prefer: fga-relay does not do GSSAPI \
+                 encryption (use gssencmode=disable, and sslmode for TLS){NOT_SHOWN}"
             ),
         )),
     }
@@ -405,9 +412,9 @@ fn sni(params: &TlsParams) -> Result<bool, ConfigError> {
     match params.sslsni.as_deref() {
         None | Some("1") => Ok(true),
         Some("0") => Ok(false),
-        Some(other) => Err(ConfigError::new(
+        Some(_) => Err(ConfigError::new(
             SETTING,
-            format!("sslsni={other:?} is neither 0 nor 1"),
+            format!("sslsni is neither 0 nor 1{NOT_SHOWN}"),
         )),
     }
 }
@@ -690,5 +697,14 @@ mod tests {
         assert!(e.contains("sslsni"), "{e}");
         let e = err(&[("gssencmode", "require")]);
         assert!(e.contains("GSSAPI"), "{e}");
+        // A value is never shown: it may be a piece of a password.
+        for (key, value) in [
+            ("sslmode", "hunter2"),
+            ("sslsni", "hunter2"),
+            ("gssencmode", "hunter2"),
+        ] {
+            let e = err(&[(key, value)]);
+            assert!(e.contains(key) && !e.contains(value), "{e}");
+        }
     }
 }

@@ -380,11 +380,12 @@ async fn a_command_run_as_a_role_lacking_its_privilege_says_which_role_may_run_i
 /// A malformed `DATABASE_URL` exits 2 with one line naming the setting and what is wrong with
 /// it, as the parser found it, and never the string, its password, or a piece of it the parser
 /// tripped on (a password holding `&` or a space, unescaped, is read as more options): the
-/// option it could not take is named only when it is one of libpq's.
+/// option it could not take is named only when it is one of libpq's, and the value of a TLS
+/// option the relay refuses is not shown.
 #[test]
 fn a_malformed_database_url_says_what_is_wrong_and_never_its_password() {
     // (DATABASE_URL, what the line must say, what it must never say)
-    let cases: [(&str, &str, &[&str]); 6] = [
+    let cases: [(&str, &str, &[&str]); 9] = [
         (
             "postgresql://relay:urlSecret1@db.internal:54x2/app",
             "invalid value for option `port`",
@@ -414,6 +415,22 @@ fn a_malformed_database_url_says_what_is_wrong_and_never_its_password() {
             "postgresql://relay@db.internal/app?service=prod&password=Secret7",
             "libpq's option `service` is not one the relay takes",
             &["Secret7"],
+        ),
+        // What follows an unescaped `&` in a password may read as one of the TLS options.
+        (
+            "postgresql://relay@db.internal/app?password=Qx8&sslmode=Secret8",
+            "sslmode is not one of",
+            &["Secret8"],
+        ),
+        (
+            "postgresql://relay@db.internal/app?password=Qx9&sslsni=Secret9",
+            "sslsni is neither 0 nor 1",
+            &["Secret9"],
+        ),
+        (
+            "postgresql://relay@db.internal/app?password=Qx10&gssencmode=Secret10",
+            "gssencmode is neither disable nor prefer",
+            &["Secret10"],
         ),
     ];
     for (url, says, never) in cases {
