@@ -25,6 +25,7 @@
 
 use super::core::{Core, Flight};
 use super::order::{Candidate, key_hash};
+use super::read::AHEAD_PAGES;
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use crate::openfga::{Target, WriteError};
@@ -175,23 +176,35 @@ struct World {
     /// A store that worked before the trouble started, and works again for each new relay
     /// after a crash (see [`World::works`]).
     working: Option<usize>,
+    /// While rows are in hand: when the stores with none in hand are read (see
+    /// `turn::FAIR_READ`).
+    fair_at: Option<Duration>,
 }
 
-/// A read by lane (claim_lanes.sql), while a store is held: each lane's lowest rows, an equal
-/// share of a read each, then the lowest of those. `readable`: (lane, id) in id order.
-fn by_lane(readable: Vec<(String, i64)>) -> Vec<i64> {
-    let mut lanes: HashMap<String, Vec<i64>> = HashMap::new();
-    for (key, id) in readable {
-        lanes.entry(key).or_default().push(id);
-    }
-    let share = BATCH.div_ceil(lanes.len().max(1));
-    let mut read: Vec<i64> = lanes
-        .into_values()
-        .flat_map(|ids| ids.into_iter().take(share))
+/// A read by lane (claim_lanes.sql, claim_trusted.sql): each lane's lowest rows not in hand, an
+/// equal share of the read each (`lanes`: how many lanes the SQL counts, at least one row
+/// each), then the lowest `limit` of those. `readable`: (lane, id) in id order, of the lanes
+/// read only.
+fn by_lane(readable: Vec<(String, i64)>, lanes: usize, limit: usize) -> Vec<i64> {
+    let share = limit.div_ceil(lanes.max(1)).max(1);
+    let mut taken: HashMap<String, usize> = HashMap::new();
+    let mut read: Vec<i64> = readable
+        .into_iter()
+        .filter(|(key, _)| {
+            let n = taken.entry(key.clone()).or_default();
+            *n += 1;
+            *n <= share
+        })
+        .map(|(_, id)| id)
         .collect();
-    read.sort_unstable();
-    read.truncate(BATCH);
+    read.truncate(limit);
     read
+}
+
+/// The lane of store `s`'s rows as the reads match them: `""` for the configured store's (the
+/// model's store 0, whose rows name none).
+fn lane_of(s: usize) -> String {
+    store_of(s).map_or(String::new(), |s| s.to_string())
 }
 
 fn store_of(s: usize) -> Option<Arc<str>> {
@@ -234,6 +247,7 @@ impl World {
             moved: Duration::ZERO,
             delivered_at: HashMap::new(),
             working: None,
+            fair_at: None,
         }
     }
 
@@ -501,62 +515,16 @@ impl World {
         }
     }
 
-    /// What the stream does in a turn: read the lowest committed pending rows not in hand, of
-    /// stores not held, when the queue has room; then launch while the window has room.
+    /// What the stream does in a turn: read as `Deliverer::read_if_wanted` decides, then launch
+    /// while the window has room.
     fn step(&mut self) {
         let now = self.now();
         self.recheck_bars();
-        // A full window that stalled reads for the one Write more it holds (see
-        // `Deliverer::spare_only`).
-        let ready = match self.flights.len() >= self.core.window()
-            && self.clock - self.moved >= super::turn::STALLED
-        {
-            true => self.core.ready_for_spare(now),
-            false => self.core.queue.len().saturating_sub(self.core.stuck),
-        };
-        if ready < BATCH {
-            let hand: HashSet<i64> = self.core.hand().into_iter().collect();
-            let closed: HashSet<String> = self
-                .core
-                .closed(Some("store0"), &self.core.full(), now)
-                .into_iter()
-                .collect();
-            let pending: Vec<i64> = self
-                .rows
-                .iter()
-                .filter(|r| r.committed.is_some() && r.state == State::Pending)
-                .map(|r| r.id)
-                .collect();
-            let readable: Vec<(String, i64)> = pending
-                .iter()
-                .filter(|id| !hand.contains(id))
-                .map(|&id| {
-                    let r = &self.rows[(id - 1) as usize];
-                    let key = store_of(r.store).map_or(String::new(), |s| s.to_string());
-                    (key, id)
-                })
-                .filter(|(key, _)| !closed.contains(key))
-                .collect();
-            // In id order; while a store is held, no further than claim_lanes.sql walks, then
-            // by lane if that fell short.
-            let walk = 2 * BATCH + hand.len();
-            let walked: HashSet<i64> = pending.iter().take(walk).copied().collect();
-            let found: Vec<i64> = readable
-                .iter()
-                .map(|(_, id)| *id)
-                .filter(|id| walked.contains(id))
-                .take(BATCH)
-                .collect();
-            let short = found.len() < BATCH && pending.len() >= walk;
-            let read = match self.core.lanes.held_stores(now).is_empty() {
-                true => readable.into_iter().take(BATCH).map(|(_, id)| id).collect(),
-                false if short => by_lane(readable),
-                false => found,
-            };
-            for id in read {
-                self.admit(id);
-            }
+        for id in self.read(now) {
+            self.admit(id);
         }
+        // As `Deliverer::launch`: what cannot go is counted again by this turn's planning.
+        self.core.stuck = 0;
         while self.flights.len() <= self.core.window() {
             let plan = match self.flights.len() < self.core.window() {
                 true => self.core.plan(now),
@@ -579,6 +547,165 @@ impl World {
             self.row(id).state = State::Delivered;
         }
         self.core.marked(&marked);
+        // As `Deliverer::arm_fair_read`.
+        match self.core.nothing_in_hand() {
+            true => self.fair_at = None,
+            false => {
+                let at = self.clock + super::turn::FAIR_READ;
+                self.fair_at.get_or_insert(at);
+            }
+        }
+    }
+
+    /// The rows the stream reads this turn, as `Deliverer::read_if_wanted` picks the read (the
+    /// model's stream always wants rows: a notification may come at any turn): the stores with
+    /// none in hand when that read is due; else the lowest rows while the queue has room, or
+    /// has it once the rows of held stores are let go; else, at its bound, the trusted stores'
+    /// lanes when that read is due; else none.
+    fn read(&mut self, now: Instant) -> Vec<i64> {
+        let fair = self.fair_at.is_some_and(|at| at <= self.clock);
+        if fair {
+            self.fair_at = None;
+        }
+        if fair && self.fair_read_due() {
+            return self.read_lanes(now, true, BATCH);
+        }
+        // A full window that stalled reads for the one Write more it holds (see
+        // `Deliverer::spare_only`).
+        let spare_only = self.flights.len() >= self.core.window()
+            && self.clock - self.moved >= super::turn::STALLED;
+        if self.queue_has_room(spare_only, now) || self.room_after_letting_go(now) {
+            return self.read_lowest(now);
+        }
+        if self.trusted_read_due(now) {
+            return self.read_trusted(now);
+        }
+        Vec::new()
+    }
+
+    /// Rows in hand that may go now (see `Core::plan`'s `stuck`).
+    fn ready(&self) -> usize {
+        self.core.queue.len().saturating_sub(self.core.stuck)
+    }
+
+    /// As `Deliverer::queue_has_room`.
+    fn queue_has_room(&self, spare_only: bool, now: Instant) -> bool {
+        let ready = match spare_only {
+            true => self.core.ready_for_spare(now),
+            false => self.ready(),
+        };
+        ready < BATCH && self.core.queue.len() < AHEAD_PAGES * BATCH
+    }
+
+    /// As `Deliverer::room_after_letting_go`: the rows of held stores let go.
+    fn room_after_letting_go(&mut self, now: Instant) -> bool {
+        if self.ready() >= BATCH {
+            return false;
+        }
+        self.core.let_go_held(now) && self.queue_has_room(false, now)
+    }
+
+    /// As `Deliverer::fair_read_due` (the model's configured store's id is known).
+    fn fair_read_due(&self) -> bool {
+        !self.core.nothing_in_hand() && self.core.queue.len() < (AHEAD_PAGES + 1) * BATCH
+    }
+
+    /// As `Deliverer::trusted_read_due` (the model's configured store's id is known).
+    fn trusted_read_due(&self, now: Instant) -> bool {
+        self.ready() < BATCH
+            && self.core.queue.len() < (AHEAD_PAGES + 2) * BATCH
+            && self.core.lanes.any_works(now)
+    }
+
+    /// The committed pending rows, in id order.
+    fn pending(&self) -> Vec<i64> {
+        self.rows
+            .iter()
+            .filter(|r| r.committed.is_some() && r.state == State::Pending)
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// The committed pending rows not in hand, with their lanes, in id order: those a read may
+    /// take, of the lanes not in `closed`.
+    fn readable(&self, closed: &[String]) -> Vec<(String, i64)> {
+        let hand: HashSet<i64> = self.core.hand().into_iter().collect();
+        self.pending()
+            .into_iter()
+            .filter(|id| !hand.contains(id))
+            .map(|id| (lane_of(self.rows[(id - 1) as usize].store), id))
+            .filter(|(key, _)| !closed.contains(key))
+            .collect()
+    }
+
+    /// The lowest rows (claim.sql; claim_lanes.sql while a store is held: in id order no further
+    /// than its walk, then by lane if that fell short). With nothing queued, no more than a
+    /// Write takes (the stream reads them locked, for the next Write).
+    fn read_lowest(&mut self, now: Instant) -> Vec<i64> {
+        let limit = match self.core.queue.is_empty() {
+            true => BATCH.min(self.core.max_tuples),
+            false => BATCH,
+        };
+        if self.core.lanes.held_stores(now).is_empty() {
+            let closed = self.core.closed(Some("store0"), &self.core.full(), now);
+            return self
+                .readable(&closed)
+                .into_iter()
+                .take(limit)
+                .map(|(_, id)| id)
+                .collect();
+        }
+        let pending = self.pending();
+        let walk = 2 * limit + self.core.hand().len();
+        let walked: HashSet<i64> = pending.iter().take(walk).copied().collect();
+        let closed = self.core.closed(Some("store0"), &self.core.full(), now);
+        let found: Vec<i64> = self
+            .readable(&closed)
+            .into_iter()
+            .map(|(_, id)| id)
+            .filter(|id| walked.contains(id))
+            .take(limit)
+            .collect();
+        match found.len() < limit && pending.len() >= walk {
+            true => self.read_lanes(now, false, limit),
+            false => found,
+        }
+    }
+
+    /// claim_lanes.sql's lanes: each lane not left out (held, a read's worth queued, or, for
+    /// the read of the stores with none in hand, `others`, any row in hand) from its lowest
+    /// row not in hand. The SQL counts for the shares the configured store's lane (unless left
+    /// out) and each other store with a pending row not left out, in hand or not.
+    fn read_lanes(&self, now: Instant, others: bool, limit: usize) -> Vec<i64> {
+        let mut out = self.core.full();
+        if others {
+            out.extend(self.core.served());
+        }
+        let closed = self.core.closed(Some("store0"), &out, now);
+        let named: HashSet<String> = self
+            .pending()
+            .into_iter()
+            .map(|id| self.rows[(id - 1) as usize].store)
+            .filter(|&s| s > 0)
+            .map(lane_of)
+            .filter(|key| !closed.contains(key))
+            .collect();
+        let lanes = named.len() + usize::from(!closed.contains(&String::new()));
+        by_lane(self.readable(&closed), lanes, limit)
+    }
+
+    /// claim_trusted.sql: the lanes of the stores that work (`Core::trusted_lanes`), a read's
+    /// worth in all.
+    fn read_trusted(&self, now: Instant) -> Vec<i64> {
+        let closed = self.core.closed(Some("store0"), &self.core.full(), now);
+        let refs: Vec<&str> = closed.iter().map(String::as_str).collect();
+        let lanes = self.core.trusted_lanes(&refs, now);
+        let readable: Vec<(String, i64)> = self
+            .readable(&closed)
+            .into_iter()
+            .filter(|(key, _)| lanes.contains(key))
+            .collect();
+        by_lane(readable, lanes.len(), BATCH)
     }
 
     /// OpenFGA applies a Write's operations, in order (or none: `false`, when it rejects one).
@@ -692,6 +819,7 @@ impl World {
         }
         // A new relay: nothing in hand, no memory of rows or stores.
         self.core = new_core(self.window);
+        self.fair_at = None;
         if let Some(s) = self.working {
             self.works(s);
         }

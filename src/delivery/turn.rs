@@ -38,7 +38,7 @@ pub(super) const STALLED: Duration = Duration::from_millis(250);
 /// or in the one Write more a full window holds for a store with none in flight. One index
 /// descent a store with rows pending, and a read of the lanes found: a fraction of a millisecond
 /// twice a second with a single store's backlog, and only while the stream is busy.
-const FAIR_READ: Duration = Duration::from_millis(500);
+pub(super) const FAIR_READ: Duration = Duration::from_millis(500);
 
 /// What one call of the stream keeps.
 pub(super) struct Turn<'a> {
