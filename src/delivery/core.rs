@@ -42,6 +42,11 @@ pub(super) struct Core {
     /// Rows in the queue that could not go at the last planning (held back, or behind such a
     /// row): they do not count as rows ready to send.
     pub(super) stuck: usize,
+    /// Rows in the queue, of stores not tried yet, that wait at the last planning for a turn
+    /// the stores not trusted cannot have while theirs fill half the window (see
+    /// `Scan::waits_turn`): ready for the reads, not for the trusted stores' read beside a
+    /// queue at its bound (see `Deliverer::trusted_read_due`).
+    pub(super) untried_waiting: usize,
     /// When the earliest row held back, or store held, may go again.
     pub(super) due: Option<Instant>,
     /// Rows in the queue that cannot be decoded (`Candidate::malformed`): looked for only
@@ -102,6 +107,7 @@ impl Core {
             lanes: Lanes::default(),
             window,
             stuck: 0,
+            untried_waiting: 0,
             due: None,
             bars: 0,
             unchecked: HashMap::new(),

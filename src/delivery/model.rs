@@ -548,6 +548,7 @@ impl World {
         }
         // As `Deliverer::launch`: what cannot go is counted again by this turn's planning.
         self.core.stuck = 0;
+        self.core.untried_waiting = 0;
         while self.flights.len() <= self.core.window() {
             let plan = match self.flights.len() < self.core.window() {
                 true => self.core.plan(now),
@@ -590,13 +591,13 @@ impl World {
         if fair {
             self.fair_at = None;
         }
-        if fair && self.fair_read_due() {
-            return self.read_lanes(now, true, BATCH);
-        }
         // A full window that stalled reads for the one Write more it holds (see
         // `Deliverer::spare_only`).
         let spare_only = self.flights.len() >= self.core.window()
             && self.clock - self.moved >= super::turn::STALLED;
+        if fair && self.fair_read_due() {
+            return self.read_lanes(now, true, BATCH);
+        }
         if self.queue_has_room(spare_only, now) || self.room_after_letting_go(now) {
             return self.read_lowest(now);
         }
@@ -635,7 +636,8 @@ impl World {
 
     /// As `Deliverer::trusted_read_due` (the model's configured store's id is known).
     fn trusted_read_due(&self, now: Instant) -> bool {
-        self.ready() < BATCH
+        let waiting = self.core.untried_waiting;
+        self.ready().saturating_sub(waiting) < BATCH
             && self.core.queue.len() < (AHEAD_PAGES + 2) * BATCH
             && self.core.lanes.any_works(now)
     }
@@ -1220,6 +1222,51 @@ fn a_held_stores_rows_in_hand_do_not_keep_a_stalled_window_from_reading() {
         world.rows[(row - 1) as usize].state,
         State::Delivered,
         "store 0's row waited 10 s for store 2's pause while store 1 hangs"
+    );
+}
+
+/// The queue at its bound with rows of stores not tried yet, waiting for a turn the stores not
+/// trusted cannot have (five stores that never answer hold more than half a window of eight):
+/// those rows are not ready for the trusted stores' read, and a row of the store that works is
+/// read beside them and goes, not after the hangs time out.
+#[test]
+fn rows_of_stores_not_tried_yet_waiting_their_turn_do_not_keep_a_working_store_unread() {
+    let mut world = World::with_window(&[], 8);
+    world.stores = MANY;
+    world.works(1);
+    let row = |world: &mut World, store: usize, tuple: usize| {
+        world.apply(&Event::Insert {
+            store,
+            tuple,
+            write: true,
+            bad: false,
+        });
+        let id = world.rows.len() as i64;
+        world.commit(id);
+        id
+    };
+    for s in 2..7 {
+        world.health[s] = Health::Hang;
+        let id = row(&mut world, s, 0);
+        world.admit(id);
+    }
+    world.step();
+    assert_eq!(world.flights.len(), 5, "stores 2 to 6 hang");
+    for i in 0..AHEAD_PAGES * BATCH {
+        let id = row(&mut world, 7 + i % 2, i % TUPLES);
+        world.admit(id);
+    }
+    world.step();
+    assert_eq!(
+        world.flights.len(),
+        5,
+        "stores 7 and 8, not tried yet, wait"
+    );
+    let id = row(&mut world, 1, 0);
+    world.step();
+    assert!(
+        world.flights.iter().any(|f| f.plan.ids() == vec![id]),
+        "the working store's row goes"
     );
 }
 

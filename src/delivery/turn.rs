@@ -226,7 +226,11 @@ impl Deliverer {
     /// within 30 s.
     fn trusted_read_due(&self) -> bool {
         let batch = self.core.settings.batch_size.max(1);
-        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
+        // Nor do the rows of stores not tried yet waiting for a turn the stores not trusted
+        // cannot have: with the half of the window theirs fill held by Writes that hang, a
+        // working store's row waited for those Writes to time out.
+        let ready =
+            (self.core.queue.len()).saturating_sub(self.core.stuck + self.core.untried_waiting);
         ready < batch
             && self.core.queue.len() < (read::AHEAD_PAGES + 2) * batch
             && self.client.configured_store_id().is_some()
@@ -298,6 +302,7 @@ impl Deliverer {
     pub(super) async fn launch(&mut self, turn: &mut Turn<'_>) {
         self.core.due = None;
         self.core.stuck = 0;
+        self.core.untried_waiting = 0;
         self.holds_due(Instant::now());
         while turn.launching && turn.flights.len() <= self.core.window() {
             let plan = match turn.flights.len() < self.core.window() {
