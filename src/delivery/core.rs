@@ -218,10 +218,12 @@ impl Core {
     }
 
     /// How many rows in hand could go in the one Write more a full window holds: those of
-    /// trusted stores with no Write in flight (see `Core::plan_spare`).
+    /// trusted stores with no Write in flight, of a store not tried yet only while the stores
+    /// not trusted have at most half the window in flight (see `Core::plan_spare`).
     pub(super) fn ready_for_spare(&self, now: Instant) -> usize {
         let mut last: Option<(&Option<Arc<str>>, bool)> = None;
         let mut ready = 0;
+        let untried_room = self.untrusted_flying() <= self.untrusted_cap();
         // Rows come in runs of one store: one look a run. A held store's rows cannot go in it
         // either, nor those of a store not trusted.
         for c in self.queue.values() {
@@ -231,6 +233,7 @@ impl Core {
                     self.lanes.flying_of(&c.target.store) == 0
                         && self.lanes.held(&c.target, now).is_none()
                         && self.lanes.trusted(&c.target.store)
+                        && (untried_room || !self.lanes.untried(&c.target.store))
                 }
             };
             last = Some((&c.target.store, idle));

@@ -608,7 +608,7 @@ impl World {
         if self.queue_has_room(spare_only, now) || self.room_after_letting_go(now) {
             return self.read_lowest(now);
         }
-        if self.trusted_read_due(now) {
+        if self.trusted_read_due(spare_only, now) {
             return self.read_trusted(now);
         }
         Vec::new()
@@ -642,9 +642,12 @@ impl World {
     }
 
     /// As `Deliverer::trusted_read_due` (the model's configured store's id is known).
-    fn trusted_read_due(&self, now: Instant) -> bool {
-        let waiting = self.core.untried_waiting;
-        self.ready().saturating_sub(waiting) < BATCH
+    fn trusted_read_due(&self, spare_only: bool, now: Instant) -> bool {
+        let ready = match spare_only {
+            true => self.core.ready_for_spare(now),
+            false => self.ready().saturating_sub(self.core.untried_waiting),
+        };
+        ready < BATCH
             && self.core.queue.len() < (AHEAD_PAGES + 2) * BATCH
             && self.core.lanes.any_works(now)
     }
@@ -1272,6 +1275,49 @@ fn rows_of_stores_not_tried_yet_waiting_their_turn_do_not_keep_a_working_store_u
         5,
         "stores 7 and 8, not tried yet, wait"
     );
+    let id = row(&mut world, 1, 0);
+    world.step();
+    assert!(
+        world.flights.iter().any(|f| f.plan.ids() == vec![id]),
+        "the working store's row goes"
+    );
+}
+
+/// As above, with a window of two that the Writes that hang fill, and stall: the one Write more
+/// is all that may go, and the full window's planning counts no row stuck. Only the rows that
+/// Write could take count as ready for the trusted stores' read (not those of stores not tried
+/// yet, which it takes only while the stores not trusted have at most half the window), and the
+/// working store's row is read and goes in it.
+#[test]
+fn a_full_window_of_writes_that_hang_does_not_keep_a_working_store_unread() {
+    let mut world = World::with_window(&[], 2);
+    world.stores = MANY;
+    world.works(1);
+    let row = |world: &mut World, store: usize, tuple: usize| {
+        world.apply(&Event::Insert {
+            store,
+            tuple,
+            write: true,
+            bad: false,
+        });
+        let id = world.rows.len() as i64;
+        world.commit(id);
+        id
+    };
+    for s in [2, 3] {
+        world.health[s] = Health::Hang;
+        let id = row(&mut world, s, 0);
+        world.admit(id);
+    }
+    world.step();
+    assert_eq!(world.flights.len(), 2, "stores 2 and 3 hang in the window");
+    for i in 0..AHEAD_PAGES * BATCH {
+        let id = row(&mut world, 4 + i % 5, i % TUPLES);
+        world.admit(id);
+    }
+    world.step();
+    assert_eq!(world.flights.len(), 2, "the stores not tried yet wait");
+    world.clock += super::turn::STALLED;
     let id = row(&mut world, 1, 0);
     world.step();
     assert!(

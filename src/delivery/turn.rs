@@ -154,7 +154,7 @@ impl Deliverer {
             false => read::Scope::Lowest,
         };
         if !fair && !self.queue_has_room(self.spare_only(turn)) && !self.room_after_letting_go() {
-            if !self.trusted_read_due() {
+            if !self.trusted_read_due(self.spare_only(turn)) {
                 return;
             }
             scope = read::Scope::Trusted;
@@ -223,14 +223,20 @@ impl Deliverer {
     /// that fail or never answer, waiting in hand for their turn, kept every read from taking
     /// a working store's rows in (or let it take them only behind their lower ids): a burst of
     /// 30 rows of a store that works, beside 40 stores that never answer, was not delivered
-    /// within 30 s.
-    fn trusted_read_due(&self) -> bool {
+    /// within 30 s. `spare_only`: as for [`Deliverer::queue_has_room`] (a full window plans only
+    /// the one Write more, and counts nothing stuck: with every row in hand counted ready, a
+    /// working store's row waited for a Write that hangs to time out).
+    fn trusted_read_due(&self, spare_only: bool) -> bool {
         let batch = self.core.settings.batch_size.max(1);
         // Nor do the rows of stores not tried yet waiting for a turn the stores not trusted
         // cannot have: with the half of the window theirs fill held by Writes that hang, a
         // working store's row waited for those Writes to time out.
-        let ready =
-            (self.core.queue.len()).saturating_sub(self.core.stuck + self.core.untried_waiting);
+        let ready = match spare_only {
+            true => self.core.ready_for_spare(Instant::now()),
+            false => {
+                (self.core.queue.len()).saturating_sub(self.core.stuck + self.core.untried_waiting)
+            }
+        };
         ready < batch
             && self.core.queue.len() < (read::AHEAD_PAGES + 2) * batch
             && self.client.configured_store_id().is_some()
