@@ -4,10 +4,13 @@
 //! `Retry-After`; timeouts), crashes and restarts, stores failing and healing, over several
 //! stores and few tuples (so that rows meet on tuples), and operators changing pending rows
 //! (another store, tuple or operation) that are not in flight. A small world plays the outbox
-//! and OpenFGA around the core as the stream does (read the lowest committed pending rows not in
-//! hand, of stores not held; look again at rows that bar their store; plan while the window has
-//! room; a Write whose lock finds a row changed sends nothing and comes back `Held`; mark what a
-//! Write finished), and the run is checked against the guarantees:
+//! and OpenFGA around the core as the stream does (read as `Deliverer::read_if_wanted` picks the
+//! read, each taking what its SQL would of the committed pending rows not in hand: the lowest,
+//! of stores not held, while the queue has room, or has it once the rows of held stores are let
+//! go; at the queue's bound, the lanes of the stores that work; every 500 ms, the lanes of the
+//! stores with no row in hand; look again at rows that bar their store; plan while the window
+//! has room; a Write whose lock finds a row changed sends nothing and comes back `Held`; mark
+//! what a Write finished), and the run is checked against the guarantees:
 //!
 //! - per (store, tuple), what OpenFGA applied is in id order (a row applied again after a crash
 //!   or an error only right after itself; a changed row may follow rows of its new tuple sent
@@ -19,7 +22,9 @@
 //!   Writes never answered, filling a small window), every row of the healthy stores is
 //!   delivered within a bounded time of its commit, never failing once.
 //!
-//! Each case draws its window (`--max-in-flight`): one Write at a time, two, or eight.
+//! Each case draws its window (`--max-in-flight`): one Write at a time, two, or eight. Where
+//! every store but one is in trouble, the stores may be nine, with backlogs: their rows in hand
+//! then fill the queue to its bound.
 //!
 //! `FGA_RELAY_MODEL_CASES` sets the number of cases (the bench's model scenario runs 100,000).
 
@@ -93,8 +98,11 @@ enum Event {
         tuple: usize,
         write: bool,
     },
-    /// The queue is at its bound: the rows of held stores that may go are let go, to be read
-    /// again once their store's hold ends.
+    /// The rows of held stores that may go are let go, to be read again once their store's
+    /// hold ends, as the stream does with its queue at its bound (which `World::step` follows
+    /// too). Drawn at any time as well: the bound is reached only with many stores in trouble
+    /// for good, where operators' edits are not drawn, and the order failure of rows let go
+    /// below a Write in flight needed an edit.
     LetGo,
 }
 
