@@ -42,6 +42,11 @@ pub(super) struct Core {
     /// Rows in the queue that could not go at the last planning (held back, or behind such a
     /// row): they do not count as rows ready to send.
     pub(super) stuck: usize,
+    /// Rows in the queue, of stores not tried yet, that wait at the last planning for a turn
+    /// the stores not trusted cannot have while theirs fill half the window (see
+    /// `Scan::waits_turn`): ready for the reads, not for the trusted stores' read beside a
+    /// queue at its bound (see `Deliverer::trusted_read_due`).
+    pub(super) untried_waiting: usize,
     /// When the earliest row held back, or store held, may go again.
     pub(super) due: Option<Instant>,
     /// Rows in the queue that cannot be decoded (`Candidate::malformed`): looked for only
@@ -102,6 +107,7 @@ impl Core {
             lanes: Lanes::default(),
             window,
             stuck: 0,
+            untried_waiting: 0,
             due: None,
             bars: 0,
             unchecked: HashMap::new(),
@@ -212,10 +218,12 @@ impl Core {
     }
 
     /// How many rows in hand could go in the one Write more a full window holds: those of
-    /// trusted stores with no Write in flight (see `Core::plan_spare`).
+    /// trusted stores with no Write in flight, of a store not tried yet only while the stores
+    /// not trusted have at most half the window in flight (see `Core::plan_spare`).
     pub(super) fn ready_for_spare(&self, now: Instant) -> usize {
         let mut last: Option<(&Option<Arc<str>>, bool)> = None;
         let mut ready = 0;
+        let untried_room = self.untrusted_flying() <= self.untrusted_cap();
         // Rows come in runs of one store: one look a run. A held store's rows cannot go in it
         // either, nor those of a store not trusted.
         for c in self.queue.values() {
@@ -225,6 +233,7 @@ impl Core {
                     self.lanes.flying_of(&c.target.store) == 0
                         && self.lanes.held(&c.target, now).is_none()
                         && self.lanes.trusted(&c.target.store)
+                        && (untried_room || !self.lanes.untried(&c.target.store))
                 }
             };
             last = Some((&c.target.store, idle));

@@ -122,6 +122,8 @@ struct Scan {
     all_barred: bool,
     /// Rows that cannot go now.
     stuck: usize,
+    /// Rows of stores not tried yet waiting for their turn (see [`Scan::waits_turn`]).
+    untried: usize,
     /// When the first of them may.
     due: Option<Instant>,
     /// Which rows this planning may take.
@@ -207,6 +209,7 @@ impl Scan {
             // Ready for the reads, as a trusted store's: counted stuck, a burn-down spread over
             // many stores not tried yet read on to the queue's bound, and the Writes it then
             // planned went without their stores' rows read ahead (10 tuples each, not 97).
+            self.untried += 1;
             return true;
         }
         // Not ready either, for the reads: a queue full of such rows must not keep a read from
@@ -443,6 +446,9 @@ impl Core {
             }
         }
         self.stuck = scan.stuck;
+        if matches!(scan.pass, Pass::Trusted) {
+            self.untried_waiting = scan.untried;
+        }
         if let Some(at) = scan.due {
             self.due_at(at);
         }

@@ -38,7 +38,7 @@ pub(super) const STALLED: Duration = Duration::from_millis(250);
 /// or in the one Write more a full window holds for a store with none in flight. One index
 /// descent a store with rows pending, and a read of the lanes found: a fraction of a millisecond
 /// twice a second with a single store's backlog, and only while the stream is busy.
-const FAIR_READ: Duration = Duration::from_millis(500);
+pub(super) const FAIR_READ: Duration = Duration::from_millis(500);
 
 /// What one call of the stream keeps.
 pub(super) struct Turn<'a> {
@@ -154,7 +154,7 @@ impl Deliverer {
             false => read::Scope::Lowest,
         };
         if !fair && !self.queue_has_room(self.spare_only(turn)) && !self.room_after_letting_go() {
-            if !self.trusted_read_due() {
+            if !self.trusted_read_due(self.spare_only(turn)) {
                 return;
             }
             scope = read::Scope::Trusted;
@@ -223,10 +223,20 @@ impl Deliverer {
     /// that fail or never answer, waiting in hand for their turn, kept every read from taking
     /// a working store's rows in (or let it take them only behind their lower ids): a burst of
     /// 30 rows of a store that works, beside 40 stores that never answer, was not delivered
-    /// within 30 s.
-    fn trusted_read_due(&self) -> bool {
+    /// within 30 s. `spare_only`: as for [`Deliverer::queue_has_room`] (a full window plans only
+    /// the one Write more, and counts nothing stuck: with every row in hand counted ready, a
+    /// working store's row waited for a Write that hangs to time out).
+    fn trusted_read_due(&self, spare_only: bool) -> bool {
         let batch = self.core.settings.batch_size.max(1);
-        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
+        // Nor do the rows of stores not tried yet waiting for a turn the stores not trusted
+        // cannot have: with the half of the window theirs fill held by Writes that hang, a
+        // working store's row waited for those Writes to time out.
+        let ready = match spare_only {
+            true => self.core.ready_for_spare(Instant::now()),
+            false => {
+                (self.core.queue.len()).saturating_sub(self.core.stuck + self.core.untried_waiting)
+            }
+        };
         ready < batch
             && self.core.queue.len() < (read::AHEAD_PAGES + 2) * batch
             && self.client.configured_store_id().is_some()
@@ -298,6 +308,7 @@ impl Deliverer {
     pub(super) async fn launch(&mut self, turn: &mut Turn<'_>) {
         self.core.due = None;
         self.core.stuck = 0;
+        self.core.untried_waiting = 0;
         self.holds_due(Instant::now());
         while turn.launching && turn.flights.len() <= self.core.window() {
             let plan = match turn.flights.len() < self.core.window() {
