@@ -324,6 +324,19 @@ impl World {
         }
     }
 
+    /// Inserts and commits a grant on `tuple` of `store`, for the unit tests; returns its id.
+    fn committed_grant(&mut self, store: usize, tuple: usize) -> i64 {
+        self.apply(&Event::Insert {
+            store,
+            tuple,
+            write: true,
+            bad: false,
+        });
+        let id = self.rows.len() as i64;
+        self.commit(id);
+        id
+    }
+
     fn row(&mut self, id: i64) -> &mut Row {
         &mut self.rows[(id - 1) as usize]
     }
@@ -1255,26 +1268,15 @@ fn rows_of_stores_not_tried_yet_waiting_their_turn_do_not_keep_a_working_store_u
     let mut world = World::with_window(&[], 8);
     world.stores = MANY;
     world.works(1);
-    let row = |world: &mut World, store: usize, tuple: usize| {
-        world.apply(&Event::Insert {
-            store,
-            tuple,
-            write: true,
-            bad: false,
-        });
-        let id = world.rows.len() as i64;
-        world.commit(id);
-        id
-    };
     for s in 2..7 {
         world.health[s] = Health::Hang;
-        let id = row(&mut world, s, 0);
+        let id = world.committed_grant(s, 0);
         world.admit(id);
     }
     world.step();
     assert_eq!(world.flights.len(), 5, "stores 2 to 6 hang");
     for i in 0..AHEAD_PAGES * BATCH {
-        let id = row(&mut world, 7 + i % 2, i % TUPLES);
+        let id = world.committed_grant(7 + i % 2, i % TUPLES);
         world.admit(id);
     }
     world.step();
@@ -1283,7 +1285,7 @@ fn rows_of_stores_not_tried_yet_waiting_their_turn_do_not_keep_a_working_store_u
         5,
         "stores 7 and 8, not tried yet, wait"
     );
-    let id = row(&mut world, 1, 0);
+    let id = world.committed_grant(1, 0);
     world.step();
     assert!(
         world.flights.iter().any(|f| f.plan.ids() == vec![id]),
@@ -1301,32 +1303,21 @@ fn a_full_window_of_writes_that_hang_does_not_keep_a_working_store_unread() {
     let mut world = World::with_window(&[], 2);
     world.stores = MANY;
     world.works(1);
-    let row = |world: &mut World, store: usize, tuple: usize| {
-        world.apply(&Event::Insert {
-            store,
-            tuple,
-            write: true,
-            bad: false,
-        });
-        let id = world.rows.len() as i64;
-        world.commit(id);
-        id
-    };
     for s in [2, 3] {
         world.health[s] = Health::Hang;
-        let id = row(&mut world, s, 0);
+        let id = world.committed_grant(s, 0);
         world.admit(id);
     }
     world.step();
     assert_eq!(world.flights.len(), 2, "stores 2 and 3 hang in the window");
     for i in 0..AHEAD_PAGES * BATCH {
-        let id = row(&mut world, 4 + i % 5, i % TUPLES);
+        let id = world.committed_grant(4 + i % 5, i % TUPLES);
         world.admit(id);
     }
     world.step();
     assert_eq!(world.flights.len(), 2, "the stores not tried yet wait");
     world.clock += super::turn::STALLED;
-    let id = row(&mut world, 1, 0);
+    let id = world.committed_grant(1, 0);
     world.step();
     assert!(
         world.flights.iter().any(|f| f.plan.ids() == vec![id]),
