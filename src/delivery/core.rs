@@ -45,7 +45,7 @@ pub(super) struct Core {
     /// Rows in the queue, of stores not tried yet, that wait at the last planning for a turn
     /// the stores not trusted cannot have while theirs fill half the window (see
     /// `Scan::waits_turn`): ready for the reads, not for the trusted stores' read beside a
-    /// queue at its bound (see `Deliverer::trusted_read_due`).
+    /// queue at its bound (see `Core::trusted_read_due`).
     pub(super) untried_waiting: usize,
     /// When the earliest row held back, or store held, may go again.
     pub(super) due: Option<Instant>,

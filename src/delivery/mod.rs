@@ -38,6 +38,7 @@ mod mark;
 mod model;
 mod order;
 mod read;
+mod read_gate;
 mod turn;
 mod write;
 

@@ -30,7 +30,8 @@
 
 use super::core::{Core, Flight};
 use super::order::{Candidate, key_hash};
-use super::read::AHEAD_PAGES;
+use super::read::{AHEAD_PAGES, Scope};
+use super::read_gate::ReadAsk;
 use crate::config::DeliverySettings;
 use crate::metrics::Metrics;
 use crate::openfga::{Target, WriteError};
@@ -606,7 +607,7 @@ impl World {
         }
     }
 
-    /// The rows the stream reads this turn, as `Deliverer::read_if_wanted` picks the read (the
+    /// The rows the stream reads this turn, as the read gate picks the read (`Core::read_due`; the
     /// model's stream always wants rows: a notification may come at any turn): the stores with
     /// none in hand when that read is due; else the lowest rows while the queue has room, or
     /// has it once the rows of held stores are let go; else, at its bound, the trusted stores'
@@ -620,57 +621,24 @@ impl World {
         // `Deliverer::spare_only`).
         let spare_only = self.flights.len() >= self.core.window()
             && self.clock - self.moved >= super::turn::STALLED;
-        if fair && self.fair_read_due() {
-            // It is the turn's read: the lowest rows, if the queue has room, are read a turn
-            // later.
-            self.put_off += u32::from(self.queue_has_room(spare_only, now));
-            return self.read_lanes(now, true, BATCH);
-        }
-        if self.queue_has_room(spare_only, now) || self.room_after_letting_go(now) {
-            return self.read_lowest(now);
-        }
-        if self.trusted_read_due(spare_only, now) {
-            return self.read_trusted(now);
-        }
-        Vec::new()
-    }
-
-    /// Rows in hand that may go now (see `Core::plan`'s `stuck`).
-    fn ready(&self) -> usize {
-        self.core.queue.len().saturating_sub(self.core.stuck)
-    }
-
-    /// As `Deliverer::queue_has_room`.
-    fn queue_has_room(&self, spare_only: bool, now: Instant) -> bool {
-        let ready = match spare_only {
-            true => self.core.ready_for_spare(now),
-            false => self.ready(),
+        let room = self.core.queue_has_room(spare_only, now);
+        let ask = ReadAsk {
+            wanted: true,
+            fair,
+            spare_only,
+            store_known: true,
         };
-        ready < BATCH && self.core.queue.len() < AHEAD_PAGES * BATCH
-    }
-
-    /// As `Deliverer::room_after_letting_go`: the rows of held stores let go.
-    fn room_after_letting_go(&mut self, now: Instant) -> bool {
-        if self.ready() >= BATCH {
-            return false;
+        match self.core.read_due(ask, now) {
+            Some(Scope::Others) => {
+                // It is the turn's read: the lowest rows, if the queue has room, are read a
+                // turn later.
+                self.put_off += u32::from(room);
+                self.read_lanes(now, true, BATCH)
+            }
+            Some(Scope::Lowest) => self.read_lowest(now),
+            Some(Scope::Trusted) => self.read_trusted(now),
+            None => Vec::new(),
         }
-        self.core.let_go_held(now) && self.queue_has_room(false, now)
-    }
-
-    /// As `Deliverer::fair_read_due` (the model's configured store's id is known).
-    fn fair_read_due(&self) -> bool {
-        !self.core.nothing_in_hand() && self.core.queue.len() < (AHEAD_PAGES + 1) * BATCH
-    }
-
-    /// As `Deliverer::trusted_read_due` (the model's configured store's id is known).
-    fn trusted_read_due(&self, spare_only: bool, now: Instant) -> bool {
-        let ready = match spare_only {
-            true => self.core.ready_for_spare(now),
-            false => self.ready().saturating_sub(self.core.untried_waiting),
-        };
-        ready < BATCH
-            && self.core.queue.len() < (AHEAD_PAGES + 2) * BATCH
-            && self.core.lanes.any_works(now)
     }
 
     /// The committed pending rows, in id order.

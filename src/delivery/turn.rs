@@ -2,6 +2,7 @@
 //! wake lock, why it read), and the steps of a turn: read if rows are wanted, launch what may
 //! go, settle what is left over, wait for the next thing to happen.
 
+use super::read_gate::ReadAsk;
 use super::write::Crew;
 use super::{Asks, Controls, Deliverer, Flights, Mode, PassReport, read};
 use crate::backoff::Backoff;
@@ -145,20 +146,15 @@ impl Deliverer {
     /// for them.
     pub(super) async fn read_if_wanted(&mut self, turn: &mut Turn<'_>) {
         turn.linger_until = None;
-        let fair = std::mem::take(&mut turn.fair) && self.fair_read_due();
-        if !self.want_read && !fair {
-            return;
-        }
-        let mut scope = match fair {
-            true => read::Scope::Others,
-            false => read::Scope::Lowest,
+        let ask = ReadAsk {
+            wanted: self.want_read,
+            fair: std::mem::take(&mut turn.fair),
+            spare_only: self.spare_only(turn),
+            store_known: self.client.configured_store_id().is_some(),
         };
-        if !fair && !self.queue_has_room(self.spare_only(turn)) && !self.room_after_letting_go() {
-            if !self.trusted_read_due(self.spare_only(turn)) {
-                return;
-            }
-            scope = read::Scope::Trusted;
-        }
+        let Some(scope) = self.core.read_due(ask, Instant::now()) else {
+            return;
+        };
         let fair = scope != read::Scope::Lowest;
         let batch = self.core.settings.batch_size.max(1);
         // Rows keep coming while Writes fly: let `--linger` worth of them gather rather than
@@ -204,45 +200,6 @@ impl Deliverer {
         }
     }
 
-    /// Whether the read of the stores with no row in hand (see [`FAIR_READ`]) may go: rows are
-    /// in hand, the queue, past its bound by one read at most, takes theirs, and the configured
-    /// store's id is known (its lane holds the rows naming none and those naming it: without
-    /// it, the read would walk the backlog in id order).
-    fn fair_read_due(&self) -> bool {
-        let batch = self.core.settings.batch_size.max(1);
-        !self.core.nothing_in_hand()
-            && self.core.queue.len() < (read::AHEAD_PAGES + 1) * batch
-            && self.client.configured_store_id().is_some()
-    }
-
-    /// Whether the read of the trusted stores' lanes may go, the queue being at its bound
-    /// (with rows of stores not trusted, which do not count as ready: see `Core::plan`): fewer
-    /// than a read's worth of rows ready, the queue no further than two reads past its bound
-    /// (one past the read of the stores with none in hand), and the configured store's id known
-    /// (its lane holds the rows naming none and those naming it). Without it, rows of stores
-    /// that fail or never answer, waiting in hand for their turn, kept every read from taking
-    /// a working store's rows in (or let it take them only behind their lower ids): a burst of
-    /// 30 rows of a store that works, beside 40 stores that never answer, was not delivered
-    /// within 30 s. `spare_only`: as for [`Deliverer::queue_has_room`] (a full window plans only
-    /// the one Write more, and counts nothing stuck: with every row in hand counted ready, a
-    /// working store's row waited for a Write that hangs to time out).
-    fn trusted_read_due(&self, spare_only: bool) -> bool {
-        let batch = self.core.settings.batch_size.max(1);
-        // Nor do the rows of stores not tried yet waiting for a turn the stores not trusted
-        // cannot have: with the half of the window theirs fill held by Writes that hang, a
-        // working store's row waited for those Writes to time out.
-        let ready = match spare_only {
-            true => self.core.ready_for_spare(Instant::now()),
-            false => {
-                (self.core.queue.len()).saturating_sub(self.core.stuck + self.core.untried_waiting)
-            }
-        };
-        ready < batch
-            && self.core.queue.len() < (read::AHEAD_PAGES + 2) * batch
-            && self.client.configured_store_id().is_some()
-            && self.core.lanes.any_works(Instant::now())
-    }
-
     /// Arms the read of the stores with no row in hand while rows are in hand, and disarms it
     /// once none is: a stream with nothing in hand reads every store's rows in id order.
     pub(super) fn arm_fair_read(&self, turn: &mut Turn<'_>) {
@@ -255,18 +212,6 @@ impl Deliverer {
         }
     }
 
-    /// Whether the queue has room for a read: fewer rows ready to go than a read's worth, and
-    /// fewer in all than it holds at most. `spare_only`: only the one Write more of a full
-    /// window may go, and only rows of stores with none in flight are ready for it.
-    fn queue_has_room(&self, spare_only: bool) -> bool {
-        let batch = self.core.settings.batch_size.max(1);
-        let ready = match spare_only {
-            true => self.core.ready_for_spare(Instant::now()),
-            false => self.core.queue.len().saturating_sub(self.core.stuck),
-        };
-        ready < batch && self.core.queue.len() < read::AHEAD_PAGES * batch
-    }
-
     /// Whether the window is full and stalled (see [`STALLED`]): its Writes are slow, or hang,
     /// and a row of another store, which would go in the one Write more it holds, is read
     /// however many of the slow stores' rows are in hand (they cannot go in that Write; a store
@@ -276,18 +221,6 @@ impl Deliverer {
     /// cost a burn-down.
     fn spare_only(&self, turn: &Turn<'_>) -> bool {
         turn.flights.len() >= self.core.window() && turn.moved_at.elapsed() >= STALLED
-    }
-
-    /// Whether the queue has room once the rows of held stores let it go, when they are what
-    /// fills it: it is at its bound with fewer rows ready than a read's worth (see
-    /// `Core::let_go_held`).
-    fn room_after_letting_go(&mut self) -> bool {
-        let batch = self.core.settings.batch_size.max(1);
-        let ready = self.core.queue.len().saturating_sub(self.core.stuck);
-        if ready >= batch {
-            return false;
-        }
-        self.core.let_go_held(Instant::now()) && self.queue_has_room(false)
     }
 
     /// Counts what a read found, and says from it whether rows come faster than one a poll
@@ -455,7 +388,10 @@ impl Deliverer {
         if !turn.launching && turn.flights.is_empty() {
             return;
         }
-        if turn.launching && self.want_read && turn.flights.is_empty() && self.queue_has_room(false)
+        if turn.launching
+            && self.want_read
+            && turn.flights.is_empty()
+            && self.core.queue_has_room(false, Instant::now())
         {
             // Rows are wanted since this turn's read (a store left out for a full queue has
             // room now, its rows marked without a Write), and no Write in flight will wake the
